@@ -1,0 +1,86 @@
+"""Condition types, reasons and phases of a SpeculativeDeployment, as named constants.
+
+Every condition written to status uses one of these types and reasons, so that people and
+alerts can match on them. Reasons are CamelCase, as Kubernetes conventions ask.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+
+class ConditionType:
+    """The `type` of each condition in status.conditions."""
+
+    READY: Final = "Ready"
+    PROGRESSING: Final = "Progressing"
+    DEGRADED: Final = "Degraded"
+    PAIR_COMPATIBLE: Final = "PairCompatible"
+    ADMITTED: Final = "Admitted"
+    SIZED: Final = "Sized"
+    SPECULATING: Final = "Speculating"
+
+
+class Reason:
+    """CamelCase reasons for conditions, speculation status and Events."""
+
+    # Ready / Progressing
+    ALL_REPLICAS_READY: Final = "AllReplicasReady"
+    REPLICAS_NOT_READY: Final = "ReplicasNotReady"
+    NEW_REVISION: Final = "NewRevision"
+    CANARY_ANALYSING: Final = "CanaryAnalysing"
+    CANARY_PROMOTED: Final = "CanaryPromoted"
+    ROLLED_BACK: Final = "RolledBack"
+    ROLLOUT_COMPLETE: Final = "RolloutComplete"
+    SCALED_TO_ZERO: Final = "ScaledToZero"
+    # Analysis
+    ANALYSIS_PASSED: Final = "AnalysisPassed"
+    ANALYSIS_FAILED: Final = "AnalysisFailed"
+    ANALYSIS_INCONCLUSIVE: Final = "AnalysisInconclusive"
+    METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
+    # Degraded / collapse guard
+    ACCEPTANCE_COLLAPSED: Final = "AcceptanceCollapsed"
+    ACCEPTANCE_HEALTHY: Final = "AcceptanceHealthy"
+    # PairCompatible
+    PAIR_VERIFIED: Final = "PairVerified"
+    PAIR_UNVERIFIED: Final = "PairUnverified"
+    PAIR_INCOMPATIBLE: Final = "PairIncompatible"
+    MODEL_NOT_FOUND: Final = "ModelNotFound"
+    # Admitted (Kueue)
+    ADMITTED: Final = "Admitted"
+    WAITING_FOR_QUOTA: Final = "WaitingForQuota"
+    NO_QUEUE: Final = "NoQueue"
+    # Sized
+    SIZED: Final = "Sized"
+    UNSCHEDULABLE: Final = "Unschedulable"
+    # Speculation on/off
+    SPECULATION_ENABLED: Final = "SpeculationEnabled"
+    SPECULATION_DISABLED_BY_SPEC: Final = "DisabledBySpec"
+    SPECULATION_DISABLED_BATCH_QUEUE: Final = "BatchQueue"
+    SPECULATION_DISABLED_COLLAPSE: Final = "DisabledAfterCollapse"
+    NO_DRAFT: Final = "NoDraft"
+    # Generic
+    RECONCILE_ERROR: Final = "ReconcileError"
+    INVALID_SPEC: Final = "InvalidSpec"
+
+
+class Phase:
+    """status.phase: the one-word summary `kubectl get sd` shows."""
+
+    PENDING: Final = "Pending"
+    PROGRESSING: Final = "Progressing"
+    CANARY: Final = "Canary"
+    SERVING: Final = "Serving"
+    DEGRADED: Final = "Degraded"
+    ROLLED_BACK: Final = "RolledBack"
+    FAILED: Final = "Failed"
+
+
+class RevisionPhase:
+    """status.revisions[].phase."""
+
+    PENDING: Final = "Pending"
+    CANARY: Final = "Canary"
+    STABLE: Final = "Stable"
+    SUPERSEDED: Final = "Superseded"
+    FAILED: Final = "Failed"

@@ -1,0 +1,91 @@
+"""The operator's own configuration (not part of the CRD).
+
+Read from a YAML/JSON mapping with camelCase keys, like the CRD. Each setting has a default that
+makes a development cluster work; the Helm chart sets the production ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from specdeploy.api.models import (
+    AnalysisSpec,
+    ApiModel,
+    Duration,
+    InconclusivePolicy,
+)
+
+DEFAULT_ENGINE_IMAGE = "specdeploy/engine:0.1.0"
+DEFAULT_ENGINE_COMMAND = ("specdeploy-engine",)
+
+
+class AnalysisSettings(ApiModel):
+    """Canary analysis with every value decided: the spec's values over the operator's defaults."""
+
+    interval: Duration = Field(default="60s", description="Time between verdicts.")
+    window: Duration = Field(default="5m", description="Prometheus range of one verdict.")
+    min_draft_tokens: int = Field(default=2000, ge=0, description="Draft tokens for a verdict.")
+    min_acceptance_rate: float = Field(default=0.6, ge=0, le=1, description="Absolute floor.")
+    max_drop_vs_stable: float = Field(default=0.1, ge=0, le=1, description="Drop vs stable.")
+    failure_limit: int = Field(default=2, ge=1, description="Failures that roll back.")
+    promote_after: int = Field(default=3, ge=1, description="Passes that promote.")
+    on_inconclusive: InconclusivePolicy = Field(default="Hold", description="Inconclusive.")
+
+
+class GpuProductOverride(ApiModel):
+    """A GPU product the built-in catalog lacks or gets wrong for this cluster."""
+
+    product: str = Field(description="Node label nvidia.com/gpu.product value.")
+    memory_gib: float = Field(alias="memoryGiB", gt=0, description="Device memory in GiB.")
+    mig_profiles: list[str] = Field(
+        default_factory=list, description="MIG profiles offered, e.g. 3g.40gb."
+    )
+
+
+class OperatorConfig(ApiModel):
+    """What the operator needs to know about its cluster and its engine image."""
+
+    engine_image: str = Field(
+        default=DEFAULT_ENGINE_IMAGE, description="Engine image when spec.engine.image is unset."
+    )
+    engine_command: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_ENGINE_COMMAND),
+        description="Engine container command; args are ['serve', '--', *vllm args].",
+    )
+    local_process: bool = Field(
+        default=False,
+        description=(
+            "Annotate pod templates with specdeploy.dev/local-process: 'true' so the test "
+            "bed's process kubelet runs them."
+        ),
+    )
+    batch_queues: list[str] = Field(
+        default_factory=list,
+        description="Kueue LocalQueues treated as batch: speculation Auto means Off there.",
+    )
+    prometheus_url: str = Field(
+        default="http://prometheus-operated.monitoring.svc:9090", description="Prometheus."
+    )
+    analysis_defaults: AnalysisSettings = Field(
+        default_factory=AnalysisSettings, description="Used where spec.rollout.analysis is unset."
+    )
+    gpu_catalog: list[GpuProductOverride] = Field(
+        default_factory=list, description="Additions and corrections to the GPU catalog."
+    )
+    namespaces: list[str] = Field(
+        default_factory=list, description="Namespaces to watch; empty means all."
+    )
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None) -> OperatorConfig:
+        """Build the config from a parsed YAML/JSON mapping; None gives the defaults."""
+        return cls.model_validate(data or {})
+
+    def analysis_for(self, spec: AnalysisSpec | None) -> AnalysisSettings:
+        """The analysis a canary gets: each field set in the spec wins over the default."""
+        if spec is None:
+            return self.analysis_defaults
+        overrides = spec.model_dump(exclude_none=True)
+        return self.analysis_defaults.model_copy(update=overrides)

@@ -1,0 +1,608 @@
+"""The SpeculativeDeployment API (specdeploy.dev/v1alpha1) as pydantic models.
+
+These models are the single source of the CRD: `specdeploy.api.crd` turns them into the
+OpenAPI schema, and each field's description is what `kubectl explain` shows. Python code uses
+snake_case attributes; the YAML uses the camelCase aliases. Build a model from a CR with
+`SpeculativeDeploymentSpec.model_validate(body["spec"])` and write one back with
+`model.model_dump(by_alias=True, exclude_none=True, mode="json")`.
+
+Cross-field rules (draft model required for some methods, schedule ordering, ...) are CEL rules
+attached in `specdeploy.api.crd`, so the API server enforces them at admission time.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+from specdeploy import GROUP, VERSION
+
+KIND = "SpeculativeDeployment"
+PLURAL = "speculativedeployments"
+SINGULAR = "speculativedeployment"
+SHORT_NAMES = ("sd",)
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Go-style durations as the API server and Prometheus understand them: "90s", "5m", "1h30m".
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+# Kubernetes resource.Quantity, as the core API's own schema spells it.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+# A label value: the pair version is copied into the label specdeploy.dev/pair-version.
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN)]
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+]
+# An int or the word "auto"; the CEL rule on the field (see crd.py) rejects other strings.
+IntOrAuto = Annotated[
+    int | Literal["auto"],
+    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+]
+
+DraftMethod = Literal["eagle3", "eagle", "draft_model", "ngram", "mtp", "suffix", "none"]
+# Methods whose proposals come from a separate checkpoint that must be named.
+METHODS_NEEDING_MODEL: frozenset[str] = frozenset({"eagle3", "eagle", "draft_model"})
+# Methods that must not name a model: they draft from the prompt/history (ngram, suffix) or not
+# at all (none). `mtp` may name one, but by default uses the target's own MTP layers.
+METHODS_WITHOUT_MODEL: frozenset[str] = frozenset({"ngram", "suffix", "none"})
+
+Dtype = Literal["bfloat16", "float16", "float32", "fp8", "int8", "int4"]
+MigPolicy = Literal["Auto", "Never", "Required"]
+SpeculationPolicy = Literal["On", "Off", "Auto"]
+InconclusivePolicy = Literal["Hold", "Promote", "Rollback"]
+CollapseAction = Literal["DisableSpeculation", "RollbackToPrevious", "AlertOnly"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+SpeculationState = Literal["On", "Off"]
+VerdictResult = Literal["Pass", "Fail", "Inconclusive"]
+
+
+class ApiModel(BaseModel):
+    """Base of every API model: camelCase in YAML, snake_case in Python.
+
+    Unknown keys are ignored rather than refused: the API server already prunes fields the CRD
+    does not know, and status may carry keys written by kopf itself.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        # `model_source` and friends are API names, not pydantic internals.
+        protected_namespaces=(),
+    )
+
+
+# --- the pair ---------------------------------------------------------------------------------
+
+
+class ModelShape(ApiModel):
+    """The architecture numbers sizing needs when the model is not in the operator's catalog."""
+
+    parameters_billion: float = Field(
+        gt=0, description="Number of parameters, in billions (e.g. 8.03 for Llama-3.1-8B)."
+    )
+    layers: int = Field(ge=1, description="Number of transformer layers (num_hidden_layers).")
+    hidden_size: int = Field(ge=1, description="Hidden size (hidden_size).")
+    attention_heads: int = Field(ge=1, description="Attention heads (num_attention_heads).")
+    kv_heads: int = Field(ge=1, description="Key/value heads (num_key_value_heads).")
+    head_dim: int | None = Field(
+        default=None, ge=1, description="Head dimension; defaults to hiddenSize/attentionHeads."
+    )
+    vocab_size: int = Field(ge=1, description="Vocabulary size.")
+    dtype: Dtype = Field(description="Data type of the weights as served.")
+    quantization: str | None = Field(
+        default=None, description="Quantization method of the checkpoint, e.g. fp8, awq, gptq."
+    )
+
+
+class TargetSpec(ApiModel):
+    """The model that verifies and serves: its output is the output users get."""
+
+    model: str = Field(
+        min_length=1,
+        description=(
+            "Model id on the hub (org/name), or a path when modelSource is pvc or absent "
+            "(a path inside the image or on the node)."
+        ),
+    )
+    revision: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Hub commit or tag the model is pinned to. Required with modelSource.hub.",
+    )
+    shape: ModelShape | None = Field(
+        default=None,
+        description="Architecture numbers for sizing, when the operator's catalog lacks them.",
+    )
+
+
+class ScheduleStep(ApiModel):
+    """Speculation length up to a running batch size."""
+
+    max_batch_size: int = Field(
+        ge=1,
+        description=(
+            "Largest running batch size this step applies to; the step starts one above the "
+            "previous step's maxBatchSize (the first step starts at 1)."
+        ),
+    )
+    tokens: int = Field(
+        ge=0,
+        description="Speculative tokens per step in this range; 0 turns speculation off.",
+    )
+
+
+class DraftSpec(ApiModel):
+    """How tokens are proposed for the target to verify."""
+
+    method: DraftMethod = Field(
+        description=(
+            "Speculation method, passed to vLLM explicitly: eagle3, eagle and draft_model need "
+            "a model; ngram and suffix draft from the text itself and take no model; mtp uses "
+            "the target's own multi-token-prediction layers unless a model is given; none "
+            "serves the target alone."
+        ),
+    )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Draft checkpoint (hub id or path), trained for exactly this target.",
+    )
+    revision: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Hub commit or tag of the draft. Required with modelSource.hub and a model.",
+    )
+    num_speculative_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=32,
+        description="Tokens proposed per step (k). Required unless method is none.",
+    )
+    schedule: list[ScheduleStep] | None = Field(
+        default=None,
+        max_length=16,
+        description=(
+            "Speculation length by running batch size, in strictly ascending maxBatchSize. "
+            "Above the last step speculation is off. Needs spec.engine.maxNumSeqs. "
+            "Without a schedule, numSpeculativeTokens applies at every batch size."
+        ),
+    )
+    shape: ModelShape | None = Field(
+        default=None, description="Architecture numbers of the draft, for sizing."
+    )
+    draft_tensor_parallel_size: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Tensor parallel size of the draft: 1, or the target's tensorParallelSize. "
+            "Default: vLLM's choice (the target's)."
+        ),
+    )
+
+
+class PairSpec(ApiModel):
+    """A target and its draft, versioned together: they only ever move as one."""
+
+    version: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=LABEL_VALUE_PATTERN,
+        description='Human version of the pair (a label value), e.g. "3.1".',
+    )
+    target: TargetSpec = Field(description="The served model.")
+    draft: DraftSpec = Field(description="The speculative draft for this target.")
+
+
+# --- engine, source, placement -----------------------------------------------------------------
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the engine container."""
+
+    name: str = Field(min_length=1, description="Variable name.")
+    value: str = Field(default="", description="Variable value.")
+
+
+class EngineResources(ApiModel):
+    """CPU and memory for the engine container; GPUs come from the sizing decision."""
+
+    cpu: Quantity | None = Field(default=None, description="CPU request and limit, e.g. 8.")
+    memory: Quantity | None = Field(
+        default=None, description="Memory request and limit, e.g. 64Gi."
+    )
+
+
+class EngineSpec(ApiModel):
+    """The vLLM engine settings shared by target and draft."""
+
+    image: str | None = Field(
+        default=None, description="Engine image; defaults to the operator's configured image."
+    )
+    tensor_parallel_size: IntOrAuto = Field(
+        default="auto",
+        description="GPUs per replica for the target, or auto to let sizing decide.",
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="Maximum context length (prompt + output)."
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Fraction of device memory vLLM may use (vLLM's default: 0.9).",
+    )
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, description="Maximum concurrent sequences (running batch size)."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More `vllm serve` arguments, appended after the ones the operator sets.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, description="Extra environment variables for the engine."
+    )
+    resources: EngineResources | None = Field(
+        default=None, description="CPU and memory of the engine container."
+    )
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the SpeculativeDeployment's namespace."""
+
+    name: str = Field(min_length=1, description="Secret name.")
+    key: str = Field(min_length=1, description="Key within the Secret.")
+
+
+class HubSource(ApiModel):
+    """Models are downloaded from the hub by id and revision at pod start."""
+
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the hub access token (gated models)."
+    )
+
+
+class PvcSource(ApiModel):
+    """Models are read from a PersistentVolumeClaim."""
+
+    claim_name: str = Field(min_length=1, description="PersistentVolumeClaim name.")
+    path: str = Field(
+        default="",
+        description=(
+            "Directory inside the claim holding the models; target.model and draft.model "
+            "are paths relative to it."
+        ),
+    )
+
+
+class ModelSource(ApiModel):
+    """Where the weights come from: exactly one of hub or pvc."""
+
+    hub: HubSource | None = Field(default=None, description="Download from the hub.")
+    pvc: PvcSource | None = Field(default=None, description="Read from a volume.")
+
+
+class Toleration(ApiModel):
+    """A pod toleration, as in core/v1."""
+
+    key: str | None = Field(default=None, description="Taint key; empty matches all keys.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Operator.")
+    value: str | None = Field(default=None, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class GpuPlacement(ApiModel):
+    """Which GPUs the pair may run on."""
+
+    product: str | None = Field(
+        default=None,
+        description="Preferred GPU product (node label nvidia.com/gpu.product), e.g. "
+        "NVIDIA-H100-80GB-HBM3.",
+    )
+    mig: MigPolicy = Field(
+        default="Auto",
+        description=(
+            "MIG slices: Auto uses the smallest slice that fits, else whole GPUs; Never uses "
+            "whole GPUs only; Required fails sizing unless a slice fits (no tensor parallel)."
+        ),
+    )
+
+
+class PlacementSpec(ApiModel):
+    """Where and with which priority the pods run."""
+
+    queue: str | None = Field(
+        default=None, description="Kueue LocalQueue name (label kueue.x-k8s.io/queue-name)."
+    )
+    priority_class: str | None = Field(
+        default=None,
+        description="Kueue WorkloadPriorityClass (label kueue.x-k8s.io/priority-class).",
+    )
+    gpu: GpuPlacement | None = Field(default=None, description="GPU product and MIG policy.")
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Extra node labels the pods require."
+    )
+    tolerations: list[Toleration] | None = Field(
+        default=None, description="Tolerations for the pods."
+    )
+    speculation: SpeculationPolicy = Field(
+        default="Auto",
+        description=(
+            "On or Off; Auto speculates except on queues the operator is configured to treat "
+            "as batch queues, where throughput matters more than latency."
+        ),
+    )
+
+
+# --- rollout -----------------------------------------------------------------------------------
+
+
+class CanarySpec(ApiModel):
+    """The canary: pods of a new pair next to the stable ones while it is judged."""
+
+    replicas: int = Field(default=1, ge=1, description="Canary pods during analysis.")
+
+
+class AnalysisSpec(ApiModel):
+    """How a canary is judged. Unset fields take the operator's configured defaults."""
+
+    interval: Duration | None = Field(default=None, description="Time between verdicts.")
+    window: Duration | None = Field(
+        default=None, description="Prometheus range each verdict looks at."
+    )
+    min_draft_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Draft tokens a window needs for a verdict; fewer is Inconclusive.",
+    )
+    min_acceptance_rate: float | None = Field(
+        default=None, ge=0, le=1, description="A canary below this acceptance rate fails."
+    )
+    max_drop_vs_stable: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="A canary whose acceptance rate is this much below the stable's fails.",
+    )
+    failure_limit: int | None = Field(
+        default=None, ge=1, description="Failed verdicts that roll the canary back."
+    )
+    promote_after: int | None = Field(
+        default=None, ge=1, description="Consecutive passing verdicts that promote the canary."
+    )
+    on_inconclusive: InconclusivePolicy | None = Field(
+        default=None,
+        description="What an inconclusive verdict does: Hold (wait), Promote or Rollback.",
+    )
+
+
+class CollapseGuardSpec(ApiModel):
+    """Watches the stable pair: acceptance can collapse when traffic drifts."""
+
+    floor: float = Field(
+        default=0.5, ge=0, le=1, description="Acceptance rate below which speculation collapsed."
+    )
+    for_: Duration = Field(
+        default="10m",
+        alias="for",
+        description="How long acceptance must stay below the floor before the action.",
+    )
+    action: CollapseAction = Field(
+        default="DisableSpeculation",
+        description=(
+            "DisableSpeculation rolls out the same target without a draft; RollbackToPrevious "
+            "serves the previous revision; AlertOnly sets Degraded and emits an Event."
+        ),
+    )
+
+
+class RolloutSpec(ApiModel):
+    """How a new pair replaces the stable one."""
+
+    canary: CanarySpec | None = Field(default=None, description="Canary size.")
+    analysis: AnalysisSpec | None = Field(default=None, description="Canary verdicts.")
+    collapse_guard: CollapseGuardSpec | None = Field(
+        default=None, description="Acceptance collapse guard on the stable pair."
+    )
+
+
+class SpeculativeDeploymentSpec(ApiModel):
+    """Desired state: the pair to serve, on what, and how to roll it out."""
+
+    replicas: int = Field(default=1, ge=0, description="Serving pods of the stable pair.")
+    pair: PairSpec = Field(description="The target and draft, versioned together.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM settings.")
+    model_source: ModelSource | None = Field(
+        default=None,
+        description="Where weights come from; absent means model ids are used as given.",
+    )
+    placement: PlacementSpec = Field(
+        default_factory=PlacementSpec, description="Queue, GPUs, speculation policy."
+    )
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Canary and guard.")
+    revision_history_limit: int = Field(
+        default=5,
+        ge=1,
+        le=50,
+        description="Past revisions kept in status and as scaled-down Deployments for rollback.",
+    )
+
+
+# --- status ------------------------------------------------------------------------------------
+
+
+class Condition(ApiModel):
+    """A condition as in metav1.Condition. Types and reasons: specdeploy.api.conditions."""
+
+    type: str = Field(description="Condition type, e.g. Ready.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="CamelCase reason.")
+    message: str = Field(default="", description="Human-readable detail.")
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the condition was computed for."
+    )
+    last_transition_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When status last changed (RFC 3339).",
+    )
+
+
+class MemoryBreakdown(ApiModel):
+    """Device memory the pair needs, in GiB."""
+
+    target_weights_gib: float = Field(alias="targetWeightsGiB", description="Target weights.")
+    draft_weights_gib: float = Field(alias="draftWeightsGiB", description="Draft weights.")
+    kv_cache_gib: float = Field(alias="kvCacheGiB", description="KV cache for maxNumSeqs.")
+    overhead_gib: float = Field(alias="overheadGiB", description="Activations and runtime.")
+    required_gib: float = Field(alias="requiredGiB", description="Total for one replica.")
+    per_device_gib: float = Field(
+        alias="perDeviceGiB", description="Per GPU or slice, after tensor parallelism."
+    )
+
+
+class SizingDecision(ApiModel):
+    """What each replica gets: whole GPUs or a MIG slice, and why."""
+
+    resource_name: str = Field(
+        description="Extended resource, e.g. nvidia.com/gpu or nvidia.com/mig-3g.40gb."
+    )
+    count: int = Field(ge=1, description="Devices per replica.")
+    tensor_parallel_size: int = Field(ge=1, description="Target tensor parallel size.")
+    gpu_product: str | None = Field(default=None, description="GPU product chosen.")
+    mig_profile: str | None = Field(default=None, description="MIG profile, e.g. 3g.40gb.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the sizing requires."
+    )
+    memory: MemoryBreakdown | None = Field(default=None, description="Memory estimate.")
+    message: str = Field(default="", description="Why this size.")
+
+
+class RevisionTarget(ApiModel):
+    """The target of a recorded revision."""
+
+    model: str = Field(description="Target model.")
+    revision: str | None = Field(default=None, description="Target revision.")
+
+
+class RevisionDraft(ApiModel):
+    """The draft of a recorded revision."""
+
+    method: str = Field(description="Draft method as served (none when speculation is off).")
+    model: str | None = Field(default=None, description="Draft model.")
+    revision: str | None = Field(default=None, description="Draft revision.")
+    num_speculative_tokens: int | None = Field(default=None, description="k.")
+
+
+class Verdict(ApiModel):
+    """One analysis verdict on a revision."""
+
+    time: str = Field(json_schema_extra={"format": "date-time"}, description="When (RFC 3339).")
+    acceptance_rate: float | None = Field(default=None, description="Accepted/draft tokens.")
+    mean_acceptance_length: float | None = Field(
+        default=None, description="1 + accepted tokens per draft."
+    )
+    draft_tokens: int | None = Field(default=None, description="Draft tokens in the window.")
+    result: VerdictResult = Field(description="Pass, Fail or Inconclusive.")
+    message: str = Field(default="", description="Why.")
+
+
+class RevisionStatus(ApiModel):
+    """One pair revision the SpeculativeDeployment has served or tried."""
+
+    revision: str = Field(description="Revision hash (10 hex chars).")
+    pair_version: str = Field(description="spec.pair.version of this revision.")
+    target: RevisionTarget = Field(description="Target as served.")
+    draft: RevisionDraft = Field(description="Draft as served.")
+    phase: str = Field(description="Revision phase: see specdeploy.api.conditions.RevisionPhase.")
+    created_at: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"}, description="First seen."
+    )
+    verdicts: list[Verdict] = Field(
+        default_factory=list, max_length=64, description="Latest verdicts, newest last."
+    )
+
+
+class SpeculationStatus(ApiModel):
+    """Whether the serving pods speculate, and why."""
+
+    state: SpeculationState = Field(description="On or Off.")
+    reason: str = Field(default="", description="CamelCase reason.")
+    message: str = Field(default="", description="Detail.")
+
+
+class SpeculativeDeploymentStatus(ApiModel):
+    """Observed state, written by the operator."""
+
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation last acted on."
+    )
+    phase: str | None = Field(
+        default=None, description="Summary phase: see specdeploy.api.conditions.Phase."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Progressing, Degraded, PairCompatible, ..."
+    )
+    stable_revision: str | None = Field(default=None, description="Revision serving traffic.")
+    canary_revision: str | None = Field(default=None, description="Revision being judged.")
+    revisions: list[RevisionStatus] = Field(
+        default_factory=list, description="Bounded revision history, oldest first."
+    )
+    acceptance_rate: float | None = Field(
+        default=None, description="Current acceptance rate of the stable revision."
+    )
+    mean_acceptance_length: float | None = Field(
+        default=None, description="Current mean acceptance length of the stable revision."
+    )
+    speculation: SpeculationStatus | None = Field(
+        default=None, description="Effective speculation."
+    )
+    sizing: SizingDecision | None = Field(default=None, description="Current sizing decision.")
+    replicas: int | None = Field(default=None, description="Pods of this SD (scale subresource).")
+    ready_replicas: int | None = Field(default=None, description="Ready pods.")
+    selector: str | None = Field(
+        default=None, description="Label selector of the pods (scale subresource)."
+    )
+
+
+class ObjectMeta(ApiModel):
+    """The part of metadata the operator reads."""
+
+    name: str = Field(description="Name.")
+    namespace: str | None = Field(default=None, description="Namespace.")
+    uid: str | None = Field(default=None, description="UID.")
+    generation: int | None = Field(default=None, description="Generation.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
+
+
+class SpeculativeDeployment(ApiModel):
+    """A target model and its speculative-decoding draft served as one versioned pair."""
+
+    api_version: Literal["specdeploy.dev/v1alpha1"] = Field(
+        default="specdeploy.dev/v1alpha1", description="specdeploy.dev/v1alpha1."
+    )
+    kind: Literal["SpeculativeDeployment"] = Field(
+        default="SpeculativeDeployment", description="SpeculativeDeployment."
+    )
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: SpeculativeDeploymentSpec = Field(description="Desired state.")
+    status: SpeculativeDeploymentStatus | None = Field(default=None, description="Observed state.")
+
+    @classmethod
+    def from_body(cls, body: Any) -> SpeculativeDeployment:
+        """Parse a CR as kopf or the Kubernetes client returns it (a mapping)."""
+        return cls.model_validate(dict(body))
