@@ -37,14 +37,19 @@ QUANTITY_PATTERN = (
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN)]
+# The anyOf of exactly integer and string is the one anyOf a structural schema allows.
+_INT_OR_STRING: dict[str, Any] = {
+    "x-kubernetes-int-or-string": True,
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+}
 Quantity = Annotated[
     int | str,
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+    WithJsonSchema({**_INT_OR_STRING, "pattern": QUANTITY_PATTERN}),
 ]
 # An int or the word "auto"; the CEL rule on the field (see crd.py) rejects other strings.
 IntOrAuto = Annotated[
     int | Literal["auto"],
-    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+    WithJsonSchema(_INT_OR_STRING),
 ]
 
 DraftMethod = Literal["eagle3", "eagle", "draft_model", "ngram", "mtp", "suffix", "none"]
@@ -208,7 +213,7 @@ class PairSpec(ApiModel):
 class EnvVar(ApiModel):
     """An environment variable for the engine container."""
 
-    name: str = Field(min_length=1, description="Variable name.")
+    name: str = Field(min_length=1, max_length=256, description="Variable name.")
     value: str = Field(default="", description="Variable value.")
 
 
@@ -243,12 +248,15 @@ class EngineSpec(ApiModel):
     max_num_seqs: int | None = Field(
         default=None, ge=1, description="Maximum concurrent sequences (running batch size)."
     )
-    extra_args: list[str] = Field(
+    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list,
+        max_length=64,
         description="More `vllm serve` arguments, appended after the ones the operator sets.",
     )
     env: list[EnvVar] = Field(
-        default_factory=list, description="Extra environment variables for the engine."
+        default_factory=list,
+        max_length=128,
+        description="Extra environment variables for the engine (names SPECDEPLOY_* are reserved).",
     )
     resources: EngineResources | None = Field(
         default=None, description="CPU and memory of the engine container."
@@ -336,7 +344,7 @@ class PlacementSpec(ApiModel):
         default=None, description="Extra node labels the pods require."
     )
     tolerations: list[Toleration] | None = Field(
-        default=None, description="Tolerations for the pods."
+        default=None, max_length=32, description="Tolerations for the pods."
     )
     speculation: SpeculationPolicy = Field(
         default="Auto",

@@ -1,0 +1,463 @@
+"""Generate the SpeculativeDeployment CustomResourceDefinition from the pydantic models.
+
+The API server accepts only *structural* schemas, so pydantic's JSON Schema is rewritten:
+`$ref`/`$defs` are inlined, `Optional[X]` becomes X with `nullable: true` (never `anyOf` with
+null), numeric `exclusiveMinimum` becomes OpenAPI 3.0's boolean form, titles go, and defaults
+are kept only for scalar fields outside status (the API server stores those). Cross-field rules
+are CEL (`x-kubernetes-validations`), listed in `CEL_RULES` with the reasons for each.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from specdeploy import GROUP, VERSION
+from specdeploy.api.models import (
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    SpeculativeDeployment,
+    SpeculativeDeploymentSpec,
+    SpeculativeDeploymentStatus,
+)
+
+CATEGORIES = ("specdeploy", "all")
+CRD_NAME = f"{PLURAL}.{GROUP}"
+CRD_FILE_NAME = f"{GROUP}_{PLURAL}.yaml"
+
+# Flags build_vllm_args sets itself; a second copy in extraArgs would silently win or clash.
+OPERATOR_OWNED_FLAGS = (
+    "--revision",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--tensor-parallel-size",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--gpu-memory-utilization",
+    "--speculative-config",
+)
+
+_MIG_REQUIRED = (
+    "has(self.placement) && has(self.placement.gpu) && has(self.placement.gpu.mig)"
+    " && self.placement.gpu.mig == 'Required'"
+)
+_TP_INT = (
+    "has(self.engine) && has(self.engine.tensorParallelSize)"
+    " && type(self.engine.tensorParallelSize) == int"
+)
+_HUB = "has(self.modelSource) && has(self.modelSource.hub)"
+
+
+@dataclass(frozen=True)
+class CelRule:
+    """One `x-kubernetes-validations` entry.
+
+    `path` is the dotted location in the CR ("" for the root, "spec.pair.draft", ...);
+    `field_path` (relative, starting with ".") is the field the API server's error names.
+    """
+
+    path: str
+    rule: str
+    message: str
+    field_path: str | None = None
+
+    @property
+    def error_path(self) -> str:
+        """The field path the API server puts in front of the message."""
+        full = self.path + (self.field_path or "")
+        return full.lstrip(".")
+
+
+CEL_RULES: tuple[CelRule, ...] = (
+    # The name becomes the Service name (a DNS-1035 label) and, with "-<10 hex>", the
+    # Deployment name and a label value: both at most 63 characters.
+    CelRule(
+        path="",
+        rule="self.metadata.name.size() <= 52"
+        " && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        message="name must be a DNS-1035 label of at most 52 characters"
+        " (it names the Service and, with a revision suffix, each Deployment)",
+        field_path=".metadata.name",
+    ),
+    # vLLM loads eagle/eagle3 heads and draft models from a checkpoint; without one it fails
+    # at start-up, long after `kubectl apply` said yes.
+    CelRule(
+        path="spec.pair.draft",
+        rule="!(self.method in ['eagle3', 'eagle', 'draft_model']) || has(self.model)",
+        message="draft.model is required for methods eagle3, eagle and draft_model",
+        field_path=".model",
+    ),
+    # ngram and suffix propose from the text itself; a model there would be ignored and
+    # mislead a reader (and the pair check). mtp may name one (default: the target's layers).
+    CelRule(
+        path="spec.pair.draft",
+        rule="!(self.method in ['ngram', 'suffix', 'none']) || !has(self.model)",
+        message="draft.model must be empty for methods ngram, suffix and none",
+        field_path=".model",
+    ),
+    CelRule(
+        path="spec.pair.draft",
+        rule="self.method == 'none' || has(self.numSpeculativeTokens)",
+        message="numSpeculativeTokens (at least 1) is required unless method is none",
+        field_path=".numSpeculativeTokens",
+    ),
+    CelRule(
+        path="spec.pair.draft",
+        rule="self.method != 'none' || !has(self.schedule)",
+        message="method none takes no schedule",
+        field_path=".schedule",
+    ),
+    # A step may not speculate further than the pods were started with: k is fixed per pod.
+    CelRule(
+        path="spec.pair.draft",
+        rule="!has(self.schedule) || (has(self.numSpeculativeTokens)"
+        " && self.schedule.all(s, s.tokens <= self.numSpeculativeTokens))",
+        message="schedule tokens must not exceed numSpeculativeTokens",
+        field_path=".schedule",
+    ),
+    # Ranges are [previous maxBatchSize + 1, maxBatchSize]; equal or descending bounds would
+    # make empty or overlapping ranges. The first range starts at 1 (schema minimum).
+    CelRule(
+        path="spec.pair.draft.schedule",
+        rule="self.map(s, s.maxBatchSize).isSorted()"
+        " && self.all(s, self.exists_one(t, t.maxBatchSize == s.maxBatchSize))",
+        message="schedule maxBatchSize values must ascend strictly",
+    ),
+    # The last range ("off above") ends at maxNumSeqs, so it must be known and not below.
+    CelRule(
+        path="spec",
+        rule="!has(self.pair.draft.schedule) || (has(self.engine) && has(self.engine.maxNumSeqs)"
+        " && self.pair.draft.schedule.all(s, s.maxBatchSize <= self.engine.maxNumSeqs))",
+        message="a schedule needs engine.maxNumSeqs, and no maxBatchSize may exceed it",
+        field_path=".pair.draft.schedule",
+    ),
+    # vLLM accepts a draft tensor parallel size of 1 or the target's.
+    CelRule(
+        path="spec",
+        rule="!has(self.pair.draft.draftTensorParallelSize)"
+        " || self.pair.draft.draftTensorParallelSize == 1"
+        f" || ({_TP_INT} && self.pair.draft.draftTensorParallelSize"
+        " == self.engine.tensorParallelSize)",
+        message="draftTensorParallelSize must be 1 or equal engine.tensorParallelSize",
+        field_path=".pair.draft.draftTensorParallelSize",
+    ),
+    CelRule(
+        path="spec.engine.tensorParallelSize",
+        rule="type(self) == int ? self >= 1 : self == 'auto'",
+        message="tensorParallelSize must be a positive integer or auto",
+    ),
+    # A MIG slice is one device with no NVLink peer: tensor parallelism needs whole GPUs.
+    CelRule(
+        path="spec",
+        rule=f"!({_MIG_REQUIRED}) || !({_TP_INT}) || self.engine.tensorParallelSize <= 1",
+        message="placement.gpu.mig Required allows no tensorParallelSize above 1",
+        field_path=".engine.tensorParallelSize",
+    ),
+    CelRule(
+        path="spec.modelSource",
+        rule="has(self.hub) != has(self.pvc)",
+        message="set exactly one of hub or pvc",
+    ),
+    # Pinning is what makes a revision reproducible: "main" today is another model tomorrow.
+    CelRule(
+        path="spec",
+        rule=f"!({_HUB}) || has(self.pair.target.revision)",
+        message="with modelSource.hub the target must be pinned by revision",
+        field_path=".pair.target.revision",
+    ),
+    CelRule(
+        path="spec",
+        rule=f"!({_HUB}) || !has(self.pair.draft.model) || has(self.pair.draft.revision)",
+        message="with modelSource.hub the draft model must be pinned by revision",
+        field_path=".pair.draft.revision",
+    ),
+    CelRule(
+        path="spec",
+        rule="!has(self.placement) || !has(self.placement.speculation)"
+        " || self.placement.speculation != 'On' || self.pair.draft.method != 'none'",
+        message="placement.speculation On needs a draft method other than none",
+        field_path=".placement.speculation",
+    ),
+    # Scaled to zero, the canary size does not matter; otherwise it may not outnumber the
+    # stable pods it is compared with.
+    CelRule(
+        path="spec",
+        rule="!has(self.rollout) || !has(self.rollout.canary) || !has(self.rollout.canary.replicas)"
+        " || !has(self.replicas) || self.replicas == 0"
+        " || self.rollout.canary.replicas <= self.replicas",
+        message="rollout.canary.replicas must not exceed replicas",
+        field_path=".rollout.canary.replicas",
+    ),
+    CelRule(
+        path="spec.engine.extraArgs",
+        rule="self.all(a, !["
+        + ", ".join(f"'{flag}'" for flag in OPERATOR_OWNED_FLAGS)
+        + "].exists(f, a == f || a.startsWith(f + '=')))",
+        message="extraArgs must not set flags the operator sets: "
+        + ", ".join(OPERATOR_OWNED_FLAGS),
+    ),
+    CelRule(
+        path="spec.engine.env",
+        rule="self.all(e, !e.name.startsWith('SPECDEPLOY_'))",
+        message="env names starting with SPECDEPLOY_ are reserved for the operator",
+    ),
+    CelRule(
+        path="spec.pair.target.shape",
+        rule="self.kvHeads <= self.attentionHeads",
+        message="kvHeads must not exceed attentionHeads",
+        field_path=".kvHeads",
+    ),
+    CelRule(
+        path="spec.pair.draft.shape",
+        rule="self.kvHeads <= self.attentionHeads",
+        message="kvHeads must not exceed attentionHeads",
+        field_path=".kvHeads",
+    ),
+    CelRule(
+        path="spec.placement.tolerations.items",
+        rule="!has(self.operator) || self.operator != 'Exists' || !has(self.value)"
+        " || self.value == ''",
+        message="a toleration with operator Exists takes no value",
+        field_path=".value",
+    ),
+)
+
+# Lists whose items are identified by a key: the API server rejects duplicates and server-side
+# apply merges them by key.
+LIST_MAP_KEYS: dict[str, list[str]] = {
+    "status.conditions": ["type"],
+    "spec.engine.env": ["name"],
+}
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Pair", "type": "string", "jsonPath": ".spec.pair.version"},
+    {"name": "Revision", "type": "string", "jsonPath": ".status.stableRevision"},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Acceptance", "type": "number", "jsonPath": ".status.acceptanceRate"},
+    {"name": "Queue", "type": "string", "jsonPath": ".spec.placement.queue"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Canary", "type": "string", "jsonPath": ".status.canaryRevision", "priority": 1},
+    {
+        "name": "Speculation",
+        "type": "string",
+        "jsonPath": ".status.speculation.state",
+        "priority": 1,
+    },
+    {"name": "Target", "type": "string", "jsonPath": ".spec.pair.target.model", "priority": 1},
+    {"name": "Draft", "type": "string", "jsonPath": ".spec.pair.draft.method", "priority": 1},
+]
+
+_DROPPED_KEYS = frozenset({"title", "$defs", "examples"})
+
+
+class SchemaError(ValueError):
+    """The models use a construct a structural schema cannot express."""
+
+
+def structural_schema(model: type[BaseModel], *, keep_defaults: bool) -> dict[str, Any]:
+    """The model's schema in the structural OpenAPI v3 form the API server accepts."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _to_structural(raw, raw.get("$defs", {}), keep_defaults=keep_defaults)
+
+
+def _to_structural(
+    node: dict[str, Any], defs: dict[str, Any], *, keep_defaults: bool
+) -> dict[str, Any]:
+    node = dict(node)
+    nullable = False
+    base: dict[str, Any] = {}
+    if "$ref" in node:
+        base = copy.deepcopy(defs[node.pop("$ref").rsplit("/", 1)[-1]])
+    elif "allOf" in node and len(node["allOf"]) == 1:
+        base = node.pop("allOf")[0]
+    elif "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
+        members = [m for m in node.pop("anyOf") if m != {"type": "null"}]
+        if len(members) != 1:
+            raise SchemaError(f"union without x-kubernetes-int-or-string: {members}")
+        nullable = True
+        base = members[0]
+    if base:
+        # The outer node's keys (description, default) win over the referenced model's.
+        inner = _to_structural(base, defs, keep_defaults=keep_defaults)
+        return _finish({**inner, **node}, nullable=nullable, keep_defaults=keep_defaults)
+
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROPPED_KEYS:
+            continue
+        if key == "properties":
+            out[key] = {
+                name: _to_structural(sub, defs, keep_defaults=keep_defaults)
+                for name, sub in value.items()
+            }
+        elif key == "items":
+            out[key] = _to_structural(value, defs, keep_defaults=keep_defaults)
+        elif key == "additionalProperties":
+            if isinstance(value, dict):
+                out[key] = _to_structural(value, defs, keep_defaults=keep_defaults)
+        elif key == "const":
+            out["enum"] = [value]
+        else:
+            out[key] = value
+    return _finish(out, nullable=False, keep_defaults=keep_defaults)
+
+
+def _finish(node: dict[str, Any], *, nullable: bool, keep_defaults: bool) -> dict[str, Any]:
+    node = {k: v for k, v in node.items() if k not in _DROPPED_KEYS}
+    if nullable:
+        node["nullable"] = True
+    if "default" in node:
+        value = node["default"]
+        if not keep_defaults or value is None or isinstance(value, dict | list):
+            del node["default"]
+    for bound, flag in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        value = node.get(bound)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            node[flag] = value
+            node[bound] = True
+    if "properties" in node:
+        node.setdefault("type", "object")
+    if "enum" in node and "type" not in node:
+        node["type"] = "string"
+    return node
+
+
+_KEY_ORDER = (
+    "description",
+    "type",
+    "nullable",
+    "format",
+    "pattern",
+    "enum",
+    "default",
+    "minimum",
+    "exclusiveMinimum",
+    "maximum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "x-kubernetes-int-or-string",
+    "anyOf",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "required",
+    "properties",
+    "additionalProperties",
+    "items",
+    "x-kubernetes-validations",
+)
+
+
+def _ordered(node: dict[str, Any]) -> dict[str, Any]:
+    """Same schema, keys in a reading order (description first, rules last)."""
+    rank = {key: index for index, key in enumerate(_KEY_ORDER)}
+    out: dict[str, Any] = {}
+    for key in sorted(node, key=lambda k: (rank.get(k, len(rank)), k)):
+        value = node[key]
+        if key == "properties":
+            value = {name: _ordered(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            value = _ordered(value)
+        out[key] = value
+    return out
+
+
+def _locate(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    node = schema
+    for part in [p for p in path.split(".") if p]:
+        node = node["items"] if part == "items" else node["properties"][part]
+    return node
+
+
+def openapi_v3_schema() -> dict[str, Any]:
+    """The complete openAPIV3Schema of the CRD, CEL rules and list types included."""
+    spec = structural_schema(SpeculativeDeploymentSpec, keep_defaults=True)
+    status = structural_schema(SpeculativeDeploymentStatus, keep_defaults=False)
+    schema: dict[str, Any] = {
+        "type": "object",
+        "description": (SpeculativeDeployment.__doc__ or "").strip(),
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+    for path, keys in LIST_MAP_KEYS.items():
+        node = _locate(schema, path)
+        node["x-kubernetes-list-type"] = "map"
+        node["x-kubernetes-list-map-keys"] = keys
+    for rule in CEL_RULES:
+        entry: dict[str, str] = {"rule": rule.rule, "message": rule.message}
+        if rule.field_path:
+            entry["fieldPath"] = rule.field_path
+        _locate(schema, rule.path).setdefault("x-kubernetes-validations", []).append(entry)
+    return _ordered(schema)
+
+
+def build_crd() -> dict[str, Any]:
+    """The SpeculativeDeployment CustomResourceDefinition as a dict."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": CRD_NAME,
+            "labels": {"app.kubernetes.io/part-of": "specdeploy"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": list(CATEGORIES),
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": openapi_v3_schema()},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
+        },
+    }
+
+
+def render_crd_yaml() -> str:
+    """The CRD as the YAML committed under crds/ (stable key order, no aliases)."""
+    header = "# Generated by `make crds` from specdeploy/api/models.py. Do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100, allow_unicode=True)
+
+
+def write_crds(out_dir: Path) -> list[Path]:
+    """Write the CRD YAML into out_dir; returns the files written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / CRD_FILE_NAME
+    target.write_text(render_crd_yaml(), encoding="utf-8")
+    return [target]
