@@ -1,0 +1,758 @@
+"""The process kubelet's decisions, free of side effects.
+
+Everything the process kubelet decides about a pod lives here, so it can be tested without a
+cluster or a process: which pods are ours, the environment and command line of a container
+(kubelet's `$(VAR)` expansion), the Prometheus file-SD target groups, the restart policy and
+back-off, and the pod status a kubelet would write (phase, conditions, container statuses).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any, Final, Literal
+
+from kubernetes.utils import quantity
+
+# The client's parse_quantity is untyped; this is its documented signature.
+parse_quantity: Callable[[object], Decimal] = quantity.parse_quantity
+
+Pod = dict[str, Any]
+Container = dict[str, Any]
+
+LOCAL_PROCESS_ANNOTATION: Final = "specdeploy.dev/local-process"
+METRICS_PATH_ANNOTATION: Final = "prometheus.io/path"
+DEFAULT_METRICS_PATH: Final = "/metrics"
+LOCAL_HOST: Final = "127.0.0.1"
+
+HOST_ENV: Final = "SPECDEPLOY_HOST"
+PORT_ENV: Final = "SPECDEPLOY_PORT"
+TERMINATION_LOG_ENV: Final = "SPECDEPLOY_TERMINATION_LOG"
+
+DEFAULT_TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
+# kubelet reads at most 4 KiB of the termination message file, and with
+# FallbackToLogsOnError the last 80 lines / 2 KiB of the log.
+TERMINATION_MESSAGE_LIMIT: Final = 4096
+FALLBACK_LOG_LINES: Final = 80
+FALLBACK_LOG_BYTES: Final = 2048
+
+# kubelet's crash-loop back-off: 10 s doubling to 5 min, forgotten after a run of 10 min.
+BACKOFF_INITIAL_SECONDS: Final = 10.0
+BACKOFF_MAX_SECONDS: Final = 300.0
+BACKOFF_RESET_AFTER_SECONDS: Final = 600.0
+
+DEFAULT_GRACE_SECONDS: Final = 30.0
+MAX_GRACE_SECONDS: Final = 10.0
+
+
+class PodConditionType:
+    """The pod conditions a kubelet owns (PodScheduled belongs to the scheduler)."""
+
+    READY_TO_START_CONTAINERS: Final = "PodReadyToStartContainers"
+    INITIALIZED: Final = "Initialized"
+    CONTAINERS_READY: Final = "ContainersReady"
+    READY: Final = "Ready"
+
+
+OWNED_CONDITION_TYPES: Final = (
+    PodConditionType.READY_TO_START_CONTAINERS,
+    PodConditionType.INITIALIZED,
+    PodConditionType.READY,
+    PodConditionType.CONTAINERS_READY,
+)
+
+
+class ContainerReason:
+    """The reasons kubelet uses in container states, and in pod conditions."""
+
+    CONTAINER_CREATING: Final = "ContainerCreating"
+    CRASH_LOOP_BACK_OFF: Final = "CrashLoopBackOff"
+    CREATE_CONTAINER_CONFIG_ERROR: Final = "CreateContainerConfigError"
+    CREATE_CONTAINER_ERROR: Final = "CreateContainerError"
+    START_ERROR: Final = "StartError"
+    COMPLETED: Final = "Completed"
+    ERROR: Final = "Error"
+    CONTAINERS_NOT_READY: Final = "ContainersNotReady"
+    READINESS_GATES_NOT_READY: Final = "ReadinessGatesNotReady"
+    POD_COMPLETED: Final = "PodCompleted"
+
+
+# --- Which pods are ours -------------------------------------------------------------------
+
+
+def is_local_process_pod(pod: Pod) -> bool:
+    """True when the pod asks to be run as local processes and the scheduler has bound it."""
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    bound = bool((pod.get("spec") or {}).get("nodeName"))
+    return annotations.get(LOCAL_PROCESS_ANNOTATION) == "true" and bound
+
+
+def is_terminal(pod: Pod) -> bool:
+    """True when the pod's phase can never change again."""
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def is_being_deleted(pod: Pod) -> bool:
+    """True once the pod has a deletionTimestamp."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def pod_key(pod: Pod) -> str:
+    """`<namespace>/<name>` for logs."""
+    metadata = pod["metadata"]
+    return f"{metadata['namespace']}/{metadata['name']}"
+
+
+def pod_folder_name(pod: Pod) -> str:
+    """The pod's folder name in the run folder: unique per pod object, readable by people."""
+    metadata = pod["metadata"]
+    return f"{metadata['namespace']}_{metadata['name']}_{metadata['uid']}"
+
+
+def stop_grace_seconds(pod: Pod) -> float:
+    """How long a stopping container gets between SIGTERM and SIGKILL (capped at 10 s)."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    grace = metadata.get("deletionGracePeriodSeconds")
+    if grace is None:
+        grace = spec.get("terminationGracePeriodSeconds")
+    if grace is None:
+        grace = DEFAULT_GRACE_SECONDS
+    return max(0.0, min(float(grace), MAX_GRACE_SECONDS))
+
+
+# --- Environment and command line ------------------------------------------------------------
+
+
+def expand_kubelet_vars(text: str, env: Mapping[str, str]) -> str:
+    """Expand `$(VAR)` references as kubelet does for command, args and env values.
+
+    `$$` is an escaped `$`; a reference to an unknown variable, an unclosed `$(` and a `$`
+    followed by anything else stay as written. A port of Kubernetes'
+    third_party/forked/golang/expansion.Expand.
+    """
+    out: list[str] = []
+    checkpoint = 0
+    cursor = 0
+    while cursor < len(text):
+        if text[cursor] == "$" and cursor + 1 < len(text):
+            out.append(text[checkpoint:cursor])
+            following = text[cursor + 1]
+            if following == "$":
+                out.append("$")
+                advance = 1
+            elif following == "(":
+                closer = text.find(")", cursor + 2)
+                if closer == -1:
+                    out.append("$(")
+                    advance = 1
+                else:
+                    name = text[cursor + 2 : closer]
+                    out.append(env.get(name, f"$({name})"))
+                    advance = closer - cursor
+            else:
+                out.append("$" + following)
+                advance = 1
+            cursor += advance
+            checkpoint = cursor + 1
+        cursor += 1
+    out.append(text[checkpoint:])
+    return "".join(out)
+
+
+class ContainerConfigError(Exception):
+    """The container cannot be started as configured (kubelet's CreateContainerConfigError)."""
+
+
+ObjectDataLookup = Callable[[str, str, str], "dict[str, str] | None"]
+"""`(kind, namespace, name)` → the decoded data of a ConfigMap or Secret, None when missing."""
+
+
+_LABEL_OR_ANNOTATION_REF = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
+
+
+def field_ref_value(pod: Pod, field_path: str) -> str:
+    """The value of a downward-API `fieldRef`, as seen by a process on this host."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    simple: dict[str, str] = {
+        "metadata.name": metadata.get("name", ""),
+        "metadata.namespace": metadata.get("namespace", ""),
+        "metadata.uid": metadata.get("uid", ""),
+        "spec.nodeName": spec.get("nodeName", ""),
+        "spec.serviceAccountName": spec.get("serviceAccountName", ""),
+        "status.podIP": LOCAL_HOST,
+        "status.podIPs": LOCAL_HOST,
+        "status.hostIP": LOCAL_HOST,
+        "status.hostIPs": LOCAL_HOST,
+    }
+    if field_path in simple:
+        return simple[field_path]
+    match = _LABEL_OR_ANNOTATION_REF.match(field_path)
+    if match:
+        values = metadata.get(match.group(1)) or {}
+        return str(values.get(match.group(2), ""))
+    if field_path in ("metadata.labels", "metadata.annotations"):
+        values = metadata.get(field_path.split(".")[1]) or {}
+        return "\n".join(f'{key}="{value}"' for key, value in sorted(values.items()))
+    raise ContainerConfigError(f"unsupported fieldRef {field_path!r}")
+
+
+def resource_field_value(container: Container, ref: Mapping[str, Any]) -> str:
+    """The value of a downward-API `resourceFieldRef` (requests/limits of this container).
+
+    A limit the container does not set is reported as 0 rather than the node's allocatable,
+    which the process kubelet does not know.
+    """
+    resource: str = ref["resource"]
+    kind, _, name = resource.partition(".")
+    resources = container.get("resources") or {}
+    raw = (resources.get(kind) or {}).get(name)
+    if raw is None and kind == "requests":
+        raw = (resources.get("limits") or {}).get(name)
+    quantity = parse_quantity(raw) if raw is not None else parse_quantity(0)
+    divisor = parse_quantity(ref.get("divisor") or 1)
+    value = -(-quantity // divisor)  # kubelet rounds up
+    return str(int(value))
+
+
+def _env_from_source(
+    source: Mapping[str, Any], namespace: str, lookup: ObjectDataLookup
+) -> dict[str, str]:
+    for kind, ref_key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+        ref = source.get(ref_key)
+        if ref is None:
+            continue
+        data = lookup(kind, namespace, ref["name"])
+        if data is None:
+            if ref.get("optional"):
+                return {}
+            raise ContainerConfigError(f'{kind.lower()} "{ref["name"]}" not found')
+        prefix = source.get("prefix") or ""
+        return {prefix + key: value for key, value in data.items()}
+    return {}
+
+
+def _env_value(
+    pod: Pod,
+    container: Container,
+    item: Mapping[str, Any],
+    env: Mapping[str, str],
+    lookup: ObjectDataLookup,
+) -> str | None:
+    if "valueFrom" not in item:
+        return expand_kubelet_vars(item.get("value") or "", env)
+    source = item["valueFrom"]
+    if "fieldRef" in source:
+        return field_ref_value(pod, source["fieldRef"]["fieldPath"])
+    if "resourceFieldRef" in source:
+        return resource_field_value(container, source["resourceFieldRef"])
+    for kind, ref_key in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
+        ref = source.get(ref_key)
+        if ref is None:
+            continue
+        data = lookup(kind, pod["metadata"]["namespace"], ref["name"])
+        if data is not None and ref["key"] in data:
+            return data[ref["key"]]
+        if ref.get("optional"):
+            return None
+        if data is None:
+            raise ContainerConfigError(f'{kind.lower()} "{ref["name"]}" not found')
+        raise ContainerConfigError(
+            f"couldn't find key {ref['key']} in {kind} {pod['metadata']['namespace']}/{ref['name']}"
+        )
+    raise ContainerConfigError(f"unsupported valueFrom in env {item.get('name')!r}")
+
+
+def build_container_env(
+    pod: Pod,
+    container: Container,
+    overrides: Mapping[str, str],
+    lookup: ObjectDataLookup,
+) -> dict[str, str]:
+    """The container's environment as kubelet would build it, with the local overrides.
+
+    `envFrom` first, then `env` in order, each value expanded against the variables defined
+    before it. The overrides (`SPECDEPLOY_HOST`, `SPECDEPLOY_PORT`, ...) are defined first and
+    win over the container's own values, so `$(SPECDEPLOY_PORT)` always means the local port.
+    Raises ContainerConfigError when a referenced ConfigMap, Secret or key is missing.
+    """
+    namespace = pod["metadata"]["namespace"]
+    env: dict[str, str] = {"HOSTNAME": pod["metadata"]["name"], **overrides}
+    for source in container.get("envFrom") or []:
+        for name, value in _env_from_source(source, namespace, lookup).items():
+            if name not in overrides:
+                env[name] = value
+    for item in container.get("env") or []:
+        name = item["name"]
+        if name in overrides:
+            continue
+        item_value = _env_value(pod, container, item, env, lookup)
+        if item_value is not None:
+            env[name] = item_value
+    return env
+
+
+def build_command_line(container: Container, env: Mapping[str, str]) -> list[str]:
+    """command + args with `$(VAR)` expanded; a container without command cannot run here."""
+    command = list(container.get("command") or [])
+    if not command:
+        raise ContainerConfigError(
+            f"container {container['name']!r} has no command: the process kubelet cannot run an "
+            "image's entrypoint"
+        )
+    args = list(container.get("args") or [])
+    return [expand_kubelet_vars(part, env) for part in command + args]
+
+
+# --- Prometheus file service discovery ---------------------------------------------------
+
+
+_NOT_LABEL_CHARACTER = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def sanitize_label_name(name: str) -> str:
+    """A Kubernetes label key as a Prometheus label name, the way Prometheus' operator does it."""
+    return _NOT_LABEL_CHARACTER.sub("_", name)
+
+
+def scrape_target_file_name(pod: Pod) -> str:
+    """The pod's file in the file-SD folder (`*.json`, one per pod)."""
+    return pod_folder_name(pod) + ".json"
+
+
+def build_scrape_target_groups(
+    pod: Pod, container_ports: Mapping[str, int]
+) -> list[dict[str, Any]]:
+    """File-SD target groups for a pod: one per container that declares a container port.
+
+    Labels are those a PodMonitor would attach (`namespace`, `pod`, `container`, `endpoint`)
+    plus every pod label, sanitized; `__metrics_path__` comes from the `prometheus.io/path`
+    annotation. The pod's own labels never replace the identifying ones.
+    """
+    metadata = pod["metadata"]
+    annotations = metadata.get("annotations") or {}
+    groups: list[dict[str, Any]] = []
+    for container in pod["spec"].get("containers") or []:
+        ports = container.get("ports") or []
+        if not ports or container["name"] not in container_ports:
+            continue
+        labels = {
+            sanitize_label_name(key): str(value)
+            for key, value in (metadata.get("labels") or {}).items()
+        }
+        labels.update(
+            {
+                "namespace": metadata["namespace"],
+                "pod": metadata["name"],
+                "container": container["name"],
+                "endpoint": str(ports[0].get("name") or ports[0].get("containerPort")),
+                "__metrics_path__": annotations.get(METRICS_PATH_ANNOTATION)
+                or DEFAULT_METRICS_PATH,
+            }
+        )
+        groups.append(
+            {"targets": [f"{LOCAL_HOST}:{container_ports[container['name']]}"], "labels": labels}
+        )
+    return groups
+
+
+# --- Probes --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """One probe of a container, reduced to what the process kubelet runs."""
+
+    kind: Literal["http", "tcp", "exec", "unsupported"]
+    path: str = "/"
+    scheme: str = "HTTP"
+    headers: tuple[tuple[str, str], ...] = ()
+    command: tuple[str, ...] = ()
+    initial_delay_seconds: float = 0.0
+    timeout_seconds: float = 1.0
+    success_threshold: int = 1
+    failure_threshold: int = 3
+
+
+def probe_spec(container: Container, which: str) -> ProbeSpec | None:
+    """The container's `readinessProbe` / `startupProbe`, or None when it has none."""
+    probe = container.get(which)
+    if not probe:
+        return None
+    common: dict[str, Any] = {
+        "initial_delay_seconds": float(probe.get("initialDelaySeconds") or 0),
+        "timeout_seconds": float(probe.get("timeoutSeconds") or 1),
+        "success_threshold": int(probe.get("successThreshold") or 1),
+        "failure_threshold": int(probe.get("failureThreshold") or 3),
+    }
+    if "httpGet" in probe:
+        http = probe["httpGet"]
+        headers = tuple((h["name"], h["value"]) for h in http.get("httpHeaders") or [])
+        return ProbeSpec(
+            kind="http",
+            path=http.get("path") or "/",
+            scheme=(http.get("scheme") or "HTTP").upper(),
+            headers=headers,
+            **common,
+        )
+    if "tcpSocket" in probe:
+        return ProbeSpec(kind="tcp", **common)
+    if "exec" in probe:
+        return ProbeSpec(kind="exec", command=tuple(probe["exec"].get("command") or []), **common)
+    return ProbeSpec(kind="unsupported", **common)
+
+
+@dataclass
+class ProbeTracker:
+    """Turns a stream of probe results into kubelet's verdict, with its thresholds."""
+
+    spec: ProbeSpec
+    passing: bool = False
+    successes: int = 0
+    failures: int = 0
+
+    def record(self, success: bool) -> bool:
+        """Record one result; returns the verdict after it."""
+        if success:
+            self.successes += 1
+            self.failures = 0
+            if self.successes >= self.spec.success_threshold:
+                self.passing = True
+        else:
+            self.failures += 1
+            self.successes = 0
+            if self.failures >= self.spec.failure_threshold:
+                self.passing = False
+        return self.passing
+
+
+# --- Container and pod status ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Waiting:
+    reason: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Running:
+    started_at: str
+
+
+@dataclass(frozen=True)
+class Terminated:
+    exit_code: int
+    reason: str
+    message: str
+    started_at: str
+    finished_at: str
+    container_id: str = ""
+
+
+ContainerState = Waiting | Running | Terminated
+
+
+@dataclass(frozen=True)
+class ContainerRecord:
+    """What the process kubelet knows about one container now."""
+
+    name: str
+    image: str
+    state: ContainerState
+    last_state: Terminated | None = None
+    restart_count: int = 0
+    ready: bool = False
+    started: bool = False
+    container_id: str = ""
+
+
+def exit_reason(exit_code: int) -> str:
+    """kubelet's reason for a terminated container."""
+    return ContainerReason.COMPLETED if exit_code == 0 else ContainerReason.ERROR
+
+
+def should_restart(restart_policy: str, exit_code: int) -> bool:
+    """Whether kubelet restarts a container that exited with this code under this policy."""
+    if restart_policy == "Never":
+        return False
+    if restart_policy == "OnFailure":
+        return exit_code != 0
+    return True
+
+
+def restart_backoff_seconds(consecutive_crashes: int) -> float:
+    """kubelet's crash-loop delay before the next start after `consecutive_crashes` (>= 1)."""
+    exponent = max(0, consecutive_crashes - 1)
+    return min(BACKOFF_MAX_SECONDS, BACKOFF_INITIAL_SECONDS * 2.0**exponent)
+
+
+def termination_message(container: Container, file_text: str, exit_code: int, log_tail: str) -> str:
+    """The container status message: the termination file, or the log tail when asked for."""
+    message = file_text[:TERMINATION_MESSAGE_LIMIT]
+    policy = container.get("terminationMessagePolicy") or "File"
+    if not message and exit_code != 0 and policy == "FallbackToLogsOnError":
+        lines = log_tail.splitlines(keepends=True)[-FALLBACK_LOG_LINES:]
+        message = "".join(lines)[-FALLBACK_LOG_BYTES:]
+    return message
+
+
+def crash_loop_message(pod: Pod, container_name: str, delay: float) -> str:
+    metadata = pod["metadata"]
+    return (
+        f"back-off {int(delay)}s restarting failed container={container_name} "
+        f"pod={metadata['name']}_{metadata['namespace']}({metadata['uid']})"
+    )
+
+
+def _state_dict(state: ContainerState) -> dict[str, Any]:
+    if isinstance(state, Waiting):
+        waiting: dict[str, Any] = {"reason": state.reason}
+        if state.message:
+            waiting["message"] = state.message
+        return {"waiting": waiting}
+    if isinstance(state, Running):
+        return {"running": {"startedAt": state.started_at}}
+    terminated: dict[str, Any] = {
+        "exitCode": state.exit_code,
+        "reason": state.reason,
+        "startedAt": state.started_at,
+        "finishedAt": state.finished_at,
+    }
+    if state.message:
+        terminated["message"] = state.message
+    if state.container_id:
+        terminated["containerID"] = state.container_id
+    return {"terminated": terminated}
+
+
+def container_status(record: ContainerRecord) -> dict[str, Any]:
+    """One entry of status.containerStatuses."""
+    status: dict[str, Any] = {
+        "name": record.name,
+        "image": record.image,
+        "imageID": "",
+        "ready": record.ready,
+        "started": record.started,
+        "restartCount": record.restart_count,
+        "state": _state_dict(record.state),
+        "lastState": _state_dict(record.last_state) if record.last_state else {},
+    }
+    if record.container_id:
+        status["containerID"] = record.container_id
+    return status
+
+
+def pod_phase(restart_policy: str, records: Iterable[ContainerRecord]) -> str:
+    """The pod phase from its containers, following kubelet's getPhase."""
+    running = stopped = succeeded = waiting = 0
+    for record in records:
+        state = record.state
+        if isinstance(state, Running):
+            running += 1
+        elif isinstance(state, Terminated):
+            stopped += 1
+            if state.exit_code == 0:
+                succeeded += 1
+        elif record.last_state is not None:
+            stopped += 1
+        else:
+            waiting += 1
+    if waiting > 0:
+        return "Pending"
+    if running > 0:
+        return "Running"
+    if stopped > 0:
+        if restart_policy == "Always":
+            return "Running"
+        if stopped == succeeded:
+            return "Succeeded"
+        if restart_policy == "Never":
+            return "Failed"
+        return "Running"
+    return "Pending"
+
+
+def _condition(type_: str, ok: bool, reason: str = "", message: str = "") -> dict[str, Any]:
+    condition: dict[str, Any] = {"type": type_, "status": "True" if ok else "False"}
+    if reason:
+        condition["reason"] = reason
+    if message:
+        condition["message"] = message
+    return condition
+
+
+def build_conditions(pod: Pod, records: list[ContainerRecord], phase: str) -> list[dict[str, Any]]:
+    """The kubelet-owned pod conditions, without timestamps (merge_pod_status adds them)."""
+    terminal = phase in ("Succeeded", "Failed")
+    unready = [record.name for record in records if not record.ready]
+    if terminal:
+        containers_ready = _condition(
+            PodConditionType.CONTAINERS_READY, False, ContainerReason.POD_COMPLETED
+        )
+    elif unready:
+        containers_ready = _condition(
+            PodConditionType.CONTAINERS_READY,
+            False,
+            ContainerReason.CONTAINERS_NOT_READY,
+            f"containers with unready status: [{' '.join(unready)}]",
+        )
+    else:
+        containers_ready = _condition(PodConditionType.CONTAINERS_READY, True)
+
+    gates = [gate["conditionType"] for gate in (pod.get("spec") or {}).get("readinessGates") or []]
+    current = {
+        c.get("type"): c.get("status") for c in (pod.get("status") or {}).get("conditions") or []
+    }
+    closed_gates = [gate for gate in gates if current.get(gate) != "True"]
+    if containers_ready["status"] != "True":
+        ready = {**containers_ready, "type": PodConditionType.READY}
+    elif closed_gates:
+        ready = _condition(
+            PodConditionType.READY,
+            False,
+            ContainerReason.READINESS_GATES_NOT_READY,
+            f"corresponding condition of pod readiness gate {closed_gates[0]!r} does not exist or "
+            "is not True",
+        )
+    else:
+        ready = _condition(PodConditionType.READY, True)
+
+    return [
+        _condition(PodConditionType.READY_TO_START_CONTAINERS, not terminal),
+        _condition(
+            PodConditionType.INITIALIZED, True, ContainerReason.POD_COMPLETED if terminal else ""
+        ),
+        ready,
+        containers_ready,
+    ]
+
+
+def build_pod_status(pod: Pod, records: list[ContainerRecord], start_time: str) -> dict[str, Any]:
+    """The part of status.* the process kubelet owns, computed from its container records."""
+    phase = pod_phase((pod.get("spec") or {}).get("restartPolicy") or "Always", records)
+    return {
+        "phase": phase,
+        "conditions": build_conditions(pod, records, phase),
+        "hostIP": LOCAL_HOST,
+        "hostIPs": [{"ip": LOCAL_HOST}],
+        "podIP": LOCAL_HOST,
+        "podIPs": [{"ip": LOCAL_HOST}],
+        "startTime": start_time,
+        "containerStatuses": [container_status(record) for record in records],
+    }
+
+
+def merge_pod_status(
+    current: Mapping[str, Any], owned: Mapping[str, Any], now: str
+) -> dict[str, Any]:
+    """The whole new status: `owned` over `current`, keeping conditions others own.
+
+    A condition keeps its lastTransitionTime while its status does not change.
+    """
+    previous = {c.get("type"): c for c in current.get("conditions") or []}
+    owned_types = {c["type"] for c in owned.get("conditions") or []}
+    conditions: list[dict[str, Any]] = [
+        c for c in current.get("conditions") or [] if c.get("type") not in owned_types
+    ]
+    for condition in owned.get("conditions") or []:
+        before = previous.get(condition["type"])
+        if before is not None and before.get("status") == condition["status"]:
+            since = before.get("lastTransitionTime") or now
+        else:
+            since = now
+        conditions.append({**condition, "lastProbeTime": None, "lastTransitionTime": since})
+    return {**current, **owned, "conditions": conditions}
+
+
+def status_differs(current: Mapping[str, Any], merged: Mapping[str, Any]) -> bool:
+    """Whether writing `merged` would change anything (ignoring keys the server drops)."""
+
+    def normal(status: Mapping[str, Any]) -> dict[str, Any]:
+        conditions = [
+            {k: v for k, v in c.items() if v is not None and k != "lastProbeTime"}
+            for c in status.get("conditions") or []
+        ]
+        return {
+            **{k: v for k, v in status.items() if v is not None},
+            "conditions": sorted(conditions, key=lambda c: str(c.get("type"))),
+        }
+
+    return normal(current) != normal(merged)
+
+
+# --- Adopting a pod that a previous process kubelet ran ------------------------------------
+
+
+@dataclass
+class AdoptedContainer:
+    """Where a container starts when the process kubelet (re)takes a pod."""
+
+    record: ContainerRecord
+    run: bool
+    consecutive_crashes: int = field(default=0)
+
+
+def _terminated_from(raw: Mapping[str, Any]) -> Terminated:
+    return Terminated(
+        exit_code=int(raw.get("exitCode") or 0),
+        reason=raw.get("reason") or "",
+        message=raw.get("message") or "",
+        started_at=raw.get("startedAt") or "",
+        finished_at=raw.get("finishedAt") or "",
+        container_id=raw.get("containerID") or "",
+    )
+
+
+def adopt_container(
+    pod: Pod, container: Container, restart_policy: str, now: str
+) -> AdoptedContainer:
+    """Starting point for a container given what its status already says.
+
+    Processes are never adopted: a container the status shows running belonged to a previous
+    process kubelet whose children are gone, so it counts as killed (exit 137). Whether it
+    runs again then follows the restart policy, as after any exit.
+    """
+    statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("containerStatuses") or []}
+    image = container.get("image") or ""
+    raw = statuses.get(container["name"])
+    fresh = ContainerRecord(
+        name=container["name"], image=image, state=Waiting(ContainerReason.CONTAINER_CREATING)
+    )
+    if raw is None:
+        return AdoptedContainer(fresh, run=True)
+    state = raw.get("state") or {}
+    last_raw = (raw.get("lastState") or {}).get("terminated")
+    last = _terminated_from(last_raw) if last_raw else None
+    restart_count = int(raw.get("restartCount") or 0)
+    if "running" in state:
+        ended: Terminated | None = Terminated(
+            exit_code=137,
+            reason=ContainerReason.ERROR,
+            message="the process kubelet restarted; the previous process is gone",
+            started_at=state["running"].get("startedAt") or now,
+            finished_at=now,
+            container_id=raw.get("containerID") or "",
+        )
+    elif "terminated" in state:
+        ended = _terminated_from(state["terminated"])
+    else:
+        ended = last
+    if ended is None:
+        return AdoptedContainer(replace(fresh, restart_count=restart_count), run=True)
+    if should_restart(restart_policy, ended.exit_code):
+        record = replace(fresh, last_state=ended, restart_count=restart_count)
+        return AdoptedContainer(record, run=True, consecutive_crashes=1)
+    record = ContainerRecord(
+        name=container["name"],
+        image=image,
+        state=ended,
+        last_state=last,
+        restart_count=restart_count,
+        container_id=ended.container_id,
+    )
+    return AdoptedContainer(record, run=False)

@@ -1,0 +1,353 @@
+"""The process kubelet's decisions: what a pod's processes see and what its status says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from testbed.process_plan import (
+    ContainerConfigError,
+    ContainerRecord,
+    Running,
+    Terminated,
+    Waiting,
+    adopt_container,
+    build_command_line,
+    build_container_env,
+    build_pod_status,
+    build_scrape_target_groups,
+    expand_kubelet_vars,
+    is_local_process_pod,
+    merge_pod_status,
+    pod_phase,
+    restart_backoff_seconds,
+    sanitize_label_name,
+    should_restart,
+    status_differs,
+    stop_grace_seconds,
+    termination_message,
+)
+
+
+def make_pod(**spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "engine-0",
+            "namespace": "team-a",
+            "uid": "u-1",
+            "labels": {"specdeploy.dev/revision": "abc123", "app": "engine"},
+            "annotations": {"specdeploy.dev/local-process": "true"},
+        },
+        "spec": {
+            "nodeName": "gpu-node-1",
+            "containers": [{"name": "engine", "image": "engine:1", "command": ["run"]}],
+            **spec,
+        },
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]},
+    }
+
+
+def no_objects(kind: str, namespace: str, name: str) -> dict[str, str] | None:
+    return None
+
+
+# --- $(VAR) expansion, with the cases of kubelet's own expansion tests ----------------------
+
+ENV = {"VAR_A": "A", "VAR_B": "B", "VAR_C": "C", "VAR_EMPTY": ""}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("$(VAR_A)", "A"),
+        ("___$(VAR_B)___", "___B___"),
+        ("$(VAR_A)-$(VAR_B)", "A-B"),
+        ("$(VAR_A)$(VAR_B)$(VAR_C)", "ABC"),
+        ("$$(VAR_B)", "$(VAR_B)"),  # escaped
+        ("$$$(VAR_A)", "$A"),
+        ("$$$$(VAR_A)", "$$(VAR_A)"),
+        ("$(VAR_DNE)", "$(VAR_DNE)"),  # unknown stays as written
+        ("$(VAR_EMPTY)", ""),
+        ("$(VAR_A", "$(VAR_A"),  # unclosed
+        ("$VAR_A", "$VAR_A"),  # not a reference
+        ("foo$", "foo$"),
+        ("$", "$"),
+        ("$()", "$()"),
+        ("f00__(VAR_A)__", "f00__(VAR_A)__"),
+        ("--port=$(VAR_A)", "--port=A"),
+    ],
+)
+def test_expansion_matches_kubelet(text: str, expected: str) -> None:
+    assert expand_kubelet_vars(text, ENV) == expected
+
+
+def test_local_overrides_win_and_reach_command_line() -> None:
+    pod = make_pod()
+    container = {
+        "name": "engine",
+        "command": ["serve"],
+        "args": ["--host", "$(SPECDEPLOY_HOST)", "--port", "$(SPECDEPLOY_PORT)", "$$(KEEP)"],
+        "env": [
+            {"name": "SPECDEPLOY_HOST", "value": "0.0.0.0"},
+            {"name": "SPECDEPLOY_PORT", "value": "8000"},
+            {"name": "URL", "value": "http://$(SPECDEPLOY_HOST):$(SPECDEPLOY_PORT)/v1"},
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {
+                "name": "REV",
+                "valueFrom": {
+                    "fieldRef": {"fieldPath": "metadata.labels['specdeploy.dev/revision']"}
+                },
+            },
+            {"name": "LATER", "value": "$(DEFINED_AFTER)"},
+            {"name": "DEFINED_AFTER", "value": "x"},
+        ],
+    }
+    overrides = {"SPECDEPLOY_HOST": "127.0.0.1", "SPECDEPLOY_PORT": "41234"}
+    env = build_container_env(pod, container, overrides, no_objects)
+    assert env["SPECDEPLOY_HOST"] == "127.0.0.1"
+    assert env["SPECDEPLOY_PORT"] == "41234"
+    assert env["URL"] == "http://127.0.0.1:41234/v1"
+    assert (env["POD"], env["NS"], env["IP"], env["REV"]) == (
+        "engine-0",
+        "team-a",
+        "127.0.0.1",
+        "abc123",
+    )
+    assert env["LATER"] == "$(DEFINED_AFTER)"  # like kubelet: only earlier variables
+    assert build_command_line(container, env) == [
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "41234",
+        "$(KEEP)",
+    ]
+
+
+def test_config_map_and_secret_references() -> None:
+    objects = {
+        ("ConfigMap", "team-a", "settings"): {"MODE": "fast"},
+        ("Secret", "team-a", "token"): {"TOKEN": "s3cret"},
+    }
+
+    def lookup(kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        return objects.get((kind, namespace, name))
+
+    container = {
+        "name": "engine",
+        "command": ["run"],
+        "envFrom": [{"configMapRef": {"name": "settings"}, "prefix": "CFG_"}],
+        "env": [
+            {"name": "T", "valueFrom": {"secretKeyRef": {"name": "token", "key": "TOKEN"}}},
+            {
+                "name": "OPT",
+                "valueFrom": {"configMapKeyRef": {"name": "missing", "key": "k", "optional": True}},
+            },
+        ],
+    }
+    env = build_container_env(make_pod(), container, {}, lookup)
+    assert env["CFG_MODE"] == "fast"
+    assert env["T"] == "s3cret"
+    assert "OPT" not in env
+
+    container["env"] = [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}}]
+    with pytest.raises(ContainerConfigError, match='secret "nope" not found'):
+        build_container_env(make_pod(), container, {}, lookup)
+
+
+def test_container_without_command_cannot_run() -> None:
+    with pytest.raises(ContainerConfigError, match="no command"):
+        build_command_line({"name": "engine", "args": ["x"]}, {})
+
+
+def test_only_annotated_bound_pods_are_ours() -> None:
+    pod = make_pod()
+    assert is_local_process_pod(pod)
+    unbound = make_pod()
+    del unbound["spec"]["nodeName"]
+    assert not is_local_process_pod(unbound)
+    other = make_pod()
+    other["metadata"]["annotations"] = {}
+    assert not is_local_process_pod(other)
+
+
+# --- Prometheus targets ---------------------------------------------------------------------
+
+
+def test_label_names_are_sanitized_like_the_prometheus_operator() -> None:
+    assert sanitize_label_name("specdeploy.dev/revision") == "specdeploy_dev_revision"
+    assert sanitize_label_name("app.kubernetes.io/managed-by") == "app_kubernetes_io_managed_by"
+
+
+def test_scrape_targets_carry_pod_labels_and_metrics_path() -> None:
+    pod = make_pod()
+    pod["metadata"]["labels"]["pod"] = "impostor"
+    pod["metadata"]["annotations"]["prometheus.io/path"] = "/custom"
+    pod["spec"]["containers"] = [
+        {"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]},
+        {"name": "helper"},  # no port: not a target
+    ]
+    groups = build_scrape_target_groups(pod, {"engine": 41234, "helper": 41235})
+    assert groups == [
+        {
+            "targets": ["127.0.0.1:41234"],
+            "labels": {
+                "namespace": "team-a",
+                "pod": "engine-0",
+                "container": "engine",
+                "endpoint": "http",
+                "specdeploy_dev_revision": "abc123",
+                "app": "engine",
+                "__metrics_path__": "/custom",
+            },
+        }
+    ]
+
+
+# --- Restart policy, messages, grace --------------------------------------------------------
+
+
+def test_restart_policy_and_backoff_follow_kubelet() -> None:
+    assert should_restart("Always", 0)
+    assert should_restart("OnFailure", 1)
+    assert not should_restart("OnFailure", 0)
+    assert not should_restart("Never", 3)
+    assert [restart_backoff_seconds(n) for n in (1, 2, 3, 10)] == [10.0, 20.0, 40.0, 300.0]
+
+
+def test_termination_message_is_the_file_or_the_log_tail_when_asked() -> None:
+    container: dict[str, Any] = {"name": "engine"}
+    assert termination_message(container, "pair refused\n", 3, "log") == "pair refused\n"
+    assert termination_message(container, "", 1, "log") == ""
+    container["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    log_text = "".join(f"line {n}\n" for n in range(200))
+    message = termination_message(container, "", 1, log_text)
+    assert message.endswith("line 199\n")
+    assert message.count("\n") == 80
+    assert termination_message(container, "", 0, log_text) == ""
+
+
+def test_stop_grace_is_capped() -> None:
+    assert stop_grace_seconds(make_pod()) == 10.0
+    assert stop_grace_seconds(make_pod(terminationGracePeriodSeconds=2)) == 2.0
+    pod = make_pod()
+    pod["metadata"]["deletionGracePeriodSeconds"] = 0
+    assert stop_grace_seconds(pod) == 0.0
+
+
+# --- Pod status ------------------------------------------------------------------------------
+
+
+def record(state: Any, **kw: Any) -> ContainerRecord:
+    return ContainerRecord(name=kw.pop("name", "engine"), image="engine:1", state=state, **kw)
+
+
+DONE_OK = Terminated(0, "Completed", "", "t0", "t1")
+DONE_BAD = Terminated(3, "Error", "pair refused", "t0", "t1")
+
+
+@pytest.mark.parametrize(
+    ("policy", "records", "phase"),
+    [
+        ("Always", [record(Waiting("ContainerCreating"))], "Pending"),
+        ("Always", [record(Running("t0"))], "Running"),
+        ("Always", [record(Waiting("CrashLoopBackOff"), last_state=DONE_BAD)], "Running"),
+        ("Never", [record(DONE_BAD)], "Failed"),
+        ("Never", [record(DONE_OK)], "Succeeded"),
+        ("OnFailure", [record(DONE_OK)], "Succeeded"),
+        ("Never", [record(DONE_OK), record(Running("t0"), name="b")], "Running"),
+    ],
+)
+def test_pod_phase_follows_kubelet(policy: str, records: list[ContainerRecord], phase: str) -> None:
+    assert pod_phase(policy, records) == phase
+
+
+def test_running_ready_pod_status() -> None:
+    pod = make_pod()
+    status = build_pod_status(pod, [record(Running("t0"), ready=True, started=True)], "t0")
+    assert status["phase"] == "Running"
+    assert status["podIP"] == "127.0.0.1"
+    assert status["podIPs"] == [{"ip": "127.0.0.1"}]
+    (container,) = status["containerStatuses"]
+    assert container["ready"] is True
+    assert container["started"] is True
+    assert container["state"] == {"running": {"startedAt": "t0"}}
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions == {
+        "PodReadyToStartContainers": "True",
+        "Initialized": "True",
+        "Ready": "True",
+        "ContainersReady": "True",
+    }
+
+
+def test_readiness_gates_hold_ready_back() -> None:
+    pod = make_pod(readinessGates=[{"conditionType": "example.com/gate"}])
+    status = build_pod_status(pod, [record(Running("t0"), ready=True)], "t0")
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ReadinessGatesNotReady")
+
+
+def test_failed_pod_shows_exit_code_and_message() -> None:
+    pod = make_pod(restartPolicy="Never")
+    status = build_pod_status(pod, [record(DONE_BAD)], "t0")
+    assert status["phase"] == "Failed"
+    terminated = status["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"], terminated["message"]) == (
+        3,
+        "Error",
+        "pair refused",
+    )
+
+
+def test_merge_keeps_foreign_conditions_and_transition_times() -> None:
+    current = {
+        "phase": "Running",
+        "qosClass": "BestEffort",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "t-sched"},
+            {"type": "Ready", "status": "True", "lastTransitionTime": "t-ready"},
+            {"type": "ContainersReady", "status": "False", "lastTransitionTime": "t-old"},
+        ],
+    }
+    owned = {
+        "phase": "Running",
+        "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "ContainersReady", "status": "True"},
+        ],
+    }
+    merged = merge_pod_status(current, owned, "t-now")
+    times = {c["type"]: c["lastTransitionTime"] for c in merged["conditions"]}
+    assert times == {"PodScheduled": "t-sched", "Ready": "t-ready", "ContainersReady": "t-now"}
+    assert merged["qosClass"] == "BestEffort"
+    assert status_differs(current, merged)
+    stored = {**merged, "conditions": [dict(c) for c in merged["conditions"]]}
+    for condition in stored["conditions"]:
+        condition.pop("lastProbeTime", None)  # the API server drops nulls
+    assert not status_differs(stored, merge_pod_status(stored, owned, "t-later"))
+
+
+def test_adoption_never_adopts_a_process() -> None:
+    container = {"name": "engine", "image": "engine:1", "command": ["run"]}
+    pod = make_pod()
+    pod["status"]["containerStatuses"] = [
+        {"name": "engine", "restartCount": 2, "state": {"running": {"startedAt": "t0"}}}
+    ]
+    restarted = adopt_container(pod, container, "Always", "t9")
+    assert restarted.run
+    assert restarted.record.restart_count == 2
+    assert restarted.record.last_state is not None
+    assert restarted.record.last_state.exit_code == 137
+
+    never = adopt_container(pod, container, "Never", "t9")
+    assert not never.run
+    assert isinstance(never.record.state, Terminated)
+
+    pod["status"]["containerStatuses"] = []
+    fresh = adopt_container(pod, container, "Never", "t9")
+    assert fresh.run
+    assert fresh.record.last_state is None
