@@ -1,0 +1,180 @@
+"""Revision transitions as pure functions: which revision Deployments exist and how many pods each.
+
+Each pair revision is one Deployment whose pod template never changes, so a pod can only ever
+run the pair of its own revision. A new revision is created alongside the serving (stable) one;
+the stable one scales to zero only once the new one has all its replicas ready. Revisions at
+zero replicas are kept, newest first, up to the history limit, so going back is a scale-up.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdeploy.api.conditions import Reason
+
+REVISION_LABEL = "specdeploy.dev/revision"
+PAIR_VERSION_LABEL = "specdeploy.dev/pair-version"
+PAIR_ENV = "SPECDEPLOY_PAIR"
+
+
+@dataclass(frozen=True)
+class RevisionDeployment:
+    """The observed state of one revision's Deployment."""
+
+    name: str
+    revision: str
+    replicas: int
+    ready_replicas: int
+    created: str
+    pair_version: str = ""
+    pair: Mapping[str, Any] = field(default_factory=dict)
+    pods: int = 0
+
+    @property
+    def fully_ready(self) -> bool:
+        return self.ready_replicas >= self.replicas
+
+
+def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeployment | None:
+    """Reads a child Deployment into its revision state; None if it carries no revision label."""
+    metadata = deployment.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    revision = labels.get(REVISION_LABEL)
+    if not revision:
+        return None
+    spec = deployment.get("spec") or {}
+    status = deployment.get("status") or {}
+    pair: Mapping[str, Any] = {}
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+    for container in containers:
+        for env in container.get("env") or []:
+            if env.get("name") == PAIR_ENV and env.get("value"):
+                try:
+                    pair = json.loads(env["value"])
+                except ValueError:
+                    pair = {}
+    return RevisionDeployment(
+        name=str(metadata.get("name", "")),
+        revision=str(revision),
+        replicas=int(spec.get("replicas", 1) or 0),
+        ready_replicas=int(status.get("readyReplicas") or 0),
+        created=str(metadata.get("creationTimestamp") or ""),
+        pair_version=str(labels.get(PAIR_VERSION_LABEL, "")),
+        pair=pair,
+        pods=int(status.get("replicas") or 0),
+    )
+
+
+@dataclass(frozen=True)
+class RolloutEvent:
+    """A decision a person would look for in `kubectl describe`."""
+
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """Desired replicas per revision, what to create and delete, and who serves."""
+
+    replicas: Mapping[str, int]
+    create_desired: bool
+    delete: tuple[str, ...]
+    stable_revision: str | None
+    desired_ready: bool
+    events: tuple[RolloutEvent, ...] = ()
+
+
+def plan_rollout(
+    desired_revision: str | None,
+    existing: Sequence[RevisionDeployment],
+    spec_replicas: int,
+    stable_revision: str | None,
+    history_limit: int,
+) -> RolloutPlan:
+    """Decides the replicas of every revision Deployment.
+
+    - The desired revision (None when it cannot be sized) runs `spec_replicas` pods; it is
+      created when missing.
+    - Once every desired pod is ready, it becomes the stable revision and all others go to 0.
+    - Until then the stable revision keeps serving `spec_replicas` pods and every other revision
+      (say, an earlier attempt that never got ready) goes to 0.
+    - Zero-replica revisions beyond `history_limit`, oldest first, are deleted.
+    """
+    by_revision = {d.revision: d for d in existing}
+    desired = by_revision.get(desired_revision) if desired_revision else None
+    events: list[RolloutEvent] = []
+    create = desired_revision is not None and desired is None
+    if create:
+        events.append(
+            RolloutEvent(Reason.NEW_REVISION, f"created revision {desired_revision} alongside")
+        )
+
+    if stable_revision not in by_revision:
+        # The status lost track (or never had one): the revision serving the most ready pods.
+        serving = [d for d in existing if d.ready_replicas > 0 and d.revision != desired_revision]
+        stable_revision = (
+            max(serving, key=lambda d: (d.ready_replicas, d.created)).revision if serving else None
+        )
+
+    desired_ready = (
+        desired is not None and desired.replicas == spec_replicas and (desired.fully_ready)
+    )
+    replicas: dict[str, int] = {}
+    if desired_revision is not None:
+        replicas[desired_revision] = spec_replicas
+    if desired_ready:
+        if stable_revision != desired_revision:
+            previous = stable_revision or "none"
+            events.append(
+                RolloutEvent(
+                    Reason.ROLLOUT_COMPLETE,
+                    f"revision {desired_revision} is ready; revision {previous} scales to zero",
+                )
+            )
+        stable_revision = desired_revision
+    for deployment in existing:
+        if deployment.revision == desired_revision:
+            continue
+        keep = spec_replicas if deployment.revision == stable_revision else 0
+        replicas[deployment.revision] = keep
+        if keep == 0 and deployment.replicas > 0 and not desired_ready:
+            events.append(
+                RolloutEvent(
+                    Reason.SCALED_TO_ZERO,
+                    f"revision {deployment.revision} never served; scaled to zero",
+                )
+            )
+    retired = sorted(
+        (
+            d
+            for d in existing
+            if replicas.get(d.revision, 0) == 0
+            and d.revision not in (desired_revision, stable_revision)
+        ),
+        key=lambda d: d.created,
+        reverse=True,
+    )
+    delete = tuple(d.name for d in retired[history_limit:])
+    for name in delete:
+        events.append(RolloutEvent("RevisionPruned", f"deleted {name}: beyond history limit"))
+    for name in delete:
+        gone = next(d.revision for d in existing if d.name == name)
+        replicas.pop(gone, None)
+    return RolloutPlan(
+        replicas=replicas,
+        create_desired=create,
+        delete=delete,
+        stable_revision=stable_revision,
+        desired_ready=desired_ready,
+        events=tuple(events),
+    )
+
+
+def pods_of(existing: Sequence[RevisionDeployment]) -> tuple[int, int]:
+    """(pods, ready pods) across all revisions, for the scale subresource and printer columns."""
+    return sum(d.pods for d in existing), sum(d.ready_replicas for d in existing)

@@ -1,0 +1,412 @@
+"""GPU and MIG sizing of a pair: how much device memory one replica needs, and what gives it.
+
+memory = target weights + draft weights + KV cache (target and draft layers, at maxModelLen x
+maxNumSeqs) + engine overhead per device, all divided by gpuMemoryUtilization. The smallest MIG
+slice that fits wins (policy Auto or Required); else the fewest whole GPUs of one node with a
+valid tensor-parallel degree; else the pair is Unschedulable, with the numbers. docs/sizing.md
+walks through the arithmetic for the examples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from specdeploy.api.config import OperatorConfig
+from specdeploy.api.models import MemoryBreakdown, ModelShape, SizingDecision
+from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
+from specdeploy.plan.gpu_catalog import (
+    GPU_PRODUCTS,
+    PRODUCT_LABEL,
+    WHOLE_GPU_RESOURCE,
+    GpuNodeInventory,
+    GpuProduct,
+    MigOffer,
+    catalog_for_config,
+    find_product,
+)
+from specdeploy.plan.model_catalog import (
+    bytes_per_parameter,
+    catalog_shape,
+    eagle3_head_shape_for,
+    head_dim,
+    kv_bytes_per_element,
+)
+
+GIB = 2**30
+# CUDA context, activations at the largest batch, CUDA graphs and communication buffers: what a
+# vLLM worker holds on each device beyond weights and KV cache (measured 1-2 GiB on H100 for
+# 8B-70B models; the round figure keeps sizing on the safe side).
+ENGINE_OVERHEAD_GIB_PER_DEVICE = 2.0
+# vLLM's defaults where the spec leaves them unset. maxModelLen has no engine default that
+# sizing can use (vLLM takes the model's full context), so sizing assumes 8192 and says so.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_MAX_MODEL_LEN = 8192
+DEFAULT_MAX_NUM_SEQS = 16
+# Draft methods that load a separate checkpoint into device memory.
+METHODS_WITH_DRAFT_WEIGHTS = frozenset({"eagle3", "eagle", "draft_model", "mtp"})
+
+
+@dataclass(frozen=True)
+class PairShapes:
+    """The shapes sizing uses for the target and the draft (None: the draft holds no weights)."""
+
+    target: ModelShape
+    draft: ModelShape | None
+
+
+@dataclass(frozen=True)
+class ShapeUnknown:
+    """The shapes of these models are neither in the spec nor in the catalog, nor fetched."""
+
+    models: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        return (
+            "no architecture shape for "
+            + ", ".join(self.models)
+            + ": set spec.pair.target.shape / spec.pair.draft.shape or make config.json readable"
+        )
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    """No GPU or MIG slice in the cluster holds one replica of the pair."""
+
+    memory: MemoryBreakdown | None
+    message: str
+
+
+def draft_loads_weights(spec: Spec) -> bool:
+    """Whether the effective draft puts a checkpoint of its own on the device."""
+    draft = spec.pair.draft
+    return draft.method in METHODS_WITH_DRAFT_WEIGHTS and (
+        draft.model is not None or draft.method == "eagle3"
+    )
+
+
+def models_needing_shapes(spec: Spec) -> list[str]:
+    """Models whose config.json must be read because neither the spec nor the catalog has them.
+
+    An EAGLE-3 head without a shape is estimated from its target, so it never needs a fetch.
+    """
+    needed: list[str] = []
+    target = spec.pair.target
+    if target.shape is None and catalog_shape(target.model) is None:
+        needed.append(target.model)
+    draft = spec.pair.draft
+    if (
+        draft_loads_weights(spec)
+        and draft.model is not None
+        and draft.shape is None
+        and draft.method != "eagle3"
+        and catalog_shape(draft.model) is None
+    ):
+        needed.append(draft.model)
+    return needed
+
+
+def resolve_shapes(spec: Spec, fetched: Mapping[str, ModelShape]) -> PairShapes | ShapeUnknown:
+    """The target's and draft's shapes: from the spec, else the catalog, else `fetched`."""
+    target = spec.pair.target
+    target_shape = target.shape or catalog_shape(target.model) or fetched.get(target.model)
+    if target_shape is None:
+        return ShapeUnknown((target.model,))
+    draft = spec.pair.draft
+    if not draft_loads_weights(spec):
+        return PairShapes(target_shape, None)
+    draft_shape = draft.shape
+    if draft_shape is None and draft.model is not None:
+        draft_shape = catalog_shape(draft.model) or fetched.get(draft.model)
+    if draft_shape is None and draft.method == "eagle3":
+        draft_shape = eagle3_head_shape_for(target_shape)
+    if draft_shape is None and draft.method == "mtp":
+        # MTP without a separate checkpoint reuses one target layer's worth of weights.
+        draft_shape = target_shape.model_copy(
+            update={
+                "parameters_billion": target_shape.parameters_billion / target_shape.layers,
+                "layers": 1,
+            }
+        )
+    if draft_shape is None:
+        return ShapeUnknown((draft.model or draft.method,))
+    return PairShapes(target_shape, draft_shape)
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """Memory of one replica before it is split across devices, in GiB."""
+
+    target_weights_gib: float
+    draft_weights_gib: float
+    kv_cache_gib: float
+    gpu_memory_utilization: float
+
+    def breakdown(self, devices: int) -> MemoryBreakdown:
+        """The breakdown when the replica spans `devices` devices (each pays the overhead)."""
+        overhead = ENGINE_OVERHEAD_GIB_PER_DEVICE * devices
+        required = (
+            self.target_weights_gib + self.draft_weights_gib + self.kv_cache_gib + overhead
+        ) / self.gpu_memory_utilization
+        return MemoryBreakdown(
+            target_weights_gib=round(self.target_weights_gib, 2),
+            draft_weights_gib=round(self.draft_weights_gib, 2),
+            kv_cache_gib=round(self.kv_cache_gib, 2),
+            overhead_gib=round(overhead, 2),
+            required_gib=round(required, 2),
+            per_device_gib=round(required / devices, 2),
+        )
+
+    def per_device_gib(self, devices: int) -> float:
+        """Unrounded GiB each of `devices` devices must have."""
+        total = self.target_weights_gib + self.draft_weights_gib + self.kv_cache_gib
+        total += ENGINE_OVERHEAD_GIB_PER_DEVICE * devices
+        return total / self.gpu_memory_utilization / devices
+
+
+def weights_gib(shape: ModelShape) -> float:
+    """Device memory of a model's weights: parameters x bytes per parameter."""
+    return shape.parameters_billion * 1e9 * bytes_per_parameter(shape) / GIB
+
+
+def kv_cache_gib(shape: ModelShape, tokens: int) -> float:
+    """KV cache for `tokens` cached tokens: 2 (K and V) x layers x kvHeads x headDim x bytes."""
+    per_token = 2 * shape.layers * shape.kv_heads * head_dim(shape) * kv_bytes_per_element(shape)
+    return per_token * tokens / GIB
+
+
+def memory_need(spec: Spec, shapes: PairShapes) -> MemoryNeed:
+    """The pair's memory for maxModelLen x maxNumSeqs cached tokens (defaults where unset)."""
+    engine = spec.engine
+    tokens = (engine.max_model_len or DEFAULT_MAX_MODEL_LEN) * (
+        engine.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    )
+    draft_weights = weights_gib(shapes.draft) if shapes.draft else 0.0
+    kv = kv_cache_gib(shapes.target, tokens)
+    if shapes.draft is not None:
+        kv += kv_cache_gib(shapes.draft, tokens)
+    return MemoryNeed(
+        target_weights_gib=weights_gib(shapes.target),
+        draft_weights_gib=draft_weights,
+        kv_cache_gib=kv,
+        gpu_memory_utilization=engine.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION,
+    )
+
+
+def valid_tensor_parallel_sizes(shape: ModelShape, max_devices: int) -> list[int]:
+    """Powers of two up to `max_devices` that divide both the attention and the KV heads."""
+    sizes: list[int] = []
+    tp = 1
+    while tp <= max_devices:
+        if shape.attention_heads % tp == 0 and shape.kv_heads % tp == 0:
+            sizes.append(tp)
+        tp *= 2
+    return sizes
+
+
+def _wanted_product(spec: Spec, catalog: Sequence[GpuProduct]) -> GpuProduct | str | None:
+    gpu = spec.placement.gpu
+    if gpu is None or not gpu.product:
+        return None
+    return find_product(gpu.product, catalog) or gpu.product
+
+
+def _product_matches(node: GpuNodeInventory, wanted: GpuProduct | str | None) -> bool:
+    if wanted is None:
+        return True
+    if isinstance(wanted, GpuProduct):
+        return node.product is not None and node.product.name == wanted.name
+    return node.product_label == wanted
+
+
+def choose_mig_profile(
+    need: MemoryNeed, nodes: Iterable[GpuNodeInventory], wanted: GpuProduct | str | None = None
+) -> tuple[GpuNodeInventory, MigOffer] | None:
+    """The smallest MIG slice offered in the cluster that holds the whole replica (no TP).
+
+    Smallest means least memory, then fewest compute slices; ties go to the node name.
+    """
+    required = need.per_device_gib(1)
+    fitting = [
+        (node, offer)
+        for node in nodes
+        if _product_matches(node, wanted)
+        for offer in node.mig_offers
+        if offer.count > 0 and offer.profile.memory_gib >= required
+    ]
+    if not fitting:
+        return None
+    return min(
+        fitting,
+        key=lambda pair: (
+            pair[1].profile.memory_gib,
+            pair[1].profile.compute_slices,
+            pair[0].node_name,
+        ),
+    )
+
+
+def choose_whole_gpus(
+    need: MemoryNeed,
+    target: ModelShape,
+    nodes: Iterable[GpuNodeInventory],
+    wanted: GpuProduct | str | None = None,
+    forced_tp: int | None = None,
+) -> tuple[GpuProduct, GpuNodeInventory, int] | None:
+    """The fewest whole GPUs of one product on one node that hold the replica.
+
+    Tensor parallel sizes are powers of two dividing the attention and KV heads; among equal
+    counts the product with the least memory wins, leaving bigger GPUs for bigger models.
+    """
+    options: list[tuple[int, float, str, GpuProduct, GpuNodeInventory]] = []
+    for node in nodes:
+        if node.product is None or node.whole_gpus <= 0 or not _product_matches(node, wanted):
+            continue
+        for tp in valid_tensor_parallel_sizes(target, node.whole_gpus):
+            if forced_tp is not None and tp != forced_tp:
+                continue
+            if need.per_device_gib(tp) <= node.product.memory_gib:
+                options.append((tp, node.product.memory_gib, node.node_name, node.product, node))
+                break
+    if not options:
+        return None
+    tp, _, _, product, node = min(options, key=lambda o: (o[0], o[1], o[2]))
+    return product, node, tp
+
+
+def _largest_option(
+    need: MemoryNeed, target: ModelShape, nodes: Sequence[GpuNodeInventory]
+) -> tuple[str, MemoryBreakdown]:
+    """A sentence on the biggest thing the cluster offers, and the breakdown at that size."""
+    best: tuple[float, str, int] | None = None
+    for node in nodes:
+        if node.product is not None and node.whole_gpus > 0:
+            sizes = valid_tensor_parallel_sizes(target, node.whole_gpus)
+            if sizes:
+                tp = sizes[-1]
+                capacity = tp * node.product.memory_gib
+                text = f"{tp} x {node.product.name} ({node.product.memory_gib:.1f} GiB each)"
+                if best is None or capacity > best[0]:
+                    best = (capacity, text, tp)
+        for offer in node.mig_offers:
+            capacity = offer.profile.memory_gib
+            text = f"MIG {offer.profile.name} ({capacity:.1f} GiB)"
+            if best is None or capacity > best[0]:
+                best = (capacity, text, 1)
+    if best is None:
+        return "the cluster has no GPU nodes", need.breakdown(1)
+    return f"the largest option is {best[1]}", need.breakdown(best[2])
+
+
+def _describe(memory: MemoryBreakdown, utilization: float) -> str:
+    return (
+        f"{memory.required_gib:.1f} GiB per replica = (target weights "
+        f"{memory.target_weights_gib:.1f} + draft weights {memory.draft_weights_gib:.1f} + "
+        f"KV cache {memory.kv_cache_gib:.1f} + overhead {memory.overhead_gib:.1f}) / "
+        f"gpuMemoryUtilization {utilization:g}"
+    )
+
+
+def size_pair(
+    spec: Spec,
+    nodes: Sequence[GpuNodeInventory],
+    config: OperatorConfig,
+    catalog: Sequence[GpuProduct] | None = None,
+    fetched_shapes: Mapping[str, ModelShape] | None = None,
+) -> SizingDecision | Unschedulable | ShapeUnknown:
+    """Decides what one replica of the pair runs on.
+
+    Order: with MIG policy Auto or Required, the smallest MIG slice that fits (tensor parallel
+    1); with Auto or Never, the fewest whole GPUs of one node; else Unschedulable with the
+    memory it needs and the largest option the cluster has. Shapes come from the spec, the
+    shipped catalog, then `fetched_shapes`; without them the answer is ShapeUnknown.
+    """
+    products = tuple(catalog) if catalog is not None else catalog_for_config(config, GPU_PRODUCTS)
+    shapes = resolve_shapes(spec, fetched_shapes or {})
+    if isinstance(shapes, ShapeUnknown):
+        return shapes
+    need = memory_need(spec, shapes)
+    mig_policy = spec.placement.gpu.mig if spec.placement.gpu else "Auto"
+    wanted = _wanted_product(spec, products)
+    forced_tp = spec.engine.tensor_parallel_size
+    forced = forced_tp if isinstance(forced_tp, int) else None
+
+    if mig_policy != "Never" and forced in (None, 1):
+        mig = choose_mig_profile(need, nodes, wanted)
+        if mig is not None:
+            node, offer = mig
+            memory = need.breakdown(1)
+            selector: dict[str, str] = {}
+            # Under `single` the resource is nvidia.com/gpu: only the label tells the slice.
+            if node.product_label and (
+                offer.resource_name == WHOLE_GPU_RESOURCE or wanted is not None
+            ):
+                selector[PRODUCT_LABEL] = node.product_label
+            return SizingDecision(
+                resource_name=offer.resource_name,
+                count=1,
+                tensor_parallel_size=1,
+                gpu_product=node.product_name,
+                mig_profile=offer.profile.name,
+                node_selector=selector,
+                memory=memory,
+                message=(
+                    f"MIG {offer.profile.name} ({offer.profile.memory_gib:.1f} GiB) is the "
+                    f"smallest slice that holds {_describe(memory, need.gpu_memory_utilization)}"
+                ),
+            )
+
+    if mig_policy != "Required":
+        whole = choose_whole_gpus(need, shapes.target, nodes, wanted, forced)
+        if whole is not None:
+            product, node, tp = whole
+            memory = need.breakdown(tp)
+            selector = {PRODUCT_LABEL: node.product_label} if node.product_label else {}
+            noun = "GPU" if tp == 1 else "GPUs"
+            return SizingDecision(
+                resource_name=WHOLE_GPU_RESOURCE,
+                count=tp,
+                tensor_parallel_size=tp,
+                gpu_product=product.name,
+                mig_profile=None,
+                node_selector=selector,
+                memory=memory,
+                message=(
+                    f"{tp} {product.name} {noun} with tensor parallel {tp} "
+                    f"({memory.per_device_gib:.1f} of {product.memory_gib:.1f} GiB each) hold "
+                    f"{_describe(memory, need.gpu_memory_utilization)}"
+                ),
+            )
+
+    relevant = [n for n in nodes if _product_matches(n, wanted)]
+    if mig_policy == "Required":
+        relevant = [
+            GpuNodeInventory(
+                n.node_name, n.product, n.product_label, n.mig_strategy, 0, n.mig_offers, n.labels
+            )
+            for n in relevant
+        ]
+    elif mig_policy == "Never":
+        relevant = [
+            GpuNodeInventory(
+                n.node_name, n.product, n.product_label, n.mig_strategy, n.whole_gpus, (), n.labels
+            )
+            for n in relevant
+        ]
+    largest, memory = _largest_option(need, shapes.target, relevant)
+    limits = []
+    if wanted is not None:
+        limits.append(f"product {wanted.name if isinstance(wanted, GpuProduct) else wanted}")
+    if mig_policy != "Auto":
+        limits.append(f"MIG {mig_policy}")
+    if forced is not None:
+        limits.append(f"tensor parallel {forced}")
+    scope = f" (with {', '.join(limits)})" if limits else ""
+    return Unschedulable(
+        memory=memory,
+        message=(
+            f"needs {_describe(memory, need.gpu_memory_utilization)}; nothing in the "
+            f"cluster fits{scope}: {largest}, {memory.per_device_gib:.1f} GiB needed per device"
+        ),
+    )

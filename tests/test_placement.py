@@ -1,0 +1,115 @@
+"""Kueue placement: speculation per queue, and the Admitted condition from gates and Workloads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdeploy.api.conditions import Reason
+from specdeploy.api.config import OperatorConfig
+from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
+from specdeploy.plan.placement import decide_speculation, describe_shortage, judge_admission
+
+CONFIG = OperatorConfig.model_validate({"batchQueues": ["batch"]})
+PENDING = (
+    "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in "
+    "flavor h100, 4 more needed"
+)
+
+
+def spec(queue: str | None, speculation: str = "Auto", method: str = "eagle3") -> Spec:
+    draft: dict[str, Any] = {"method": method}
+    if method != "none":
+        draft.update(model="org/head", numSpeculativeTokens=3)
+    placement: dict[str, Any] = {"speculation": speculation}
+    if queue:
+        placement["queue"] = queue
+    return Spec.model_validate(
+        {
+            "pair": {"version": "1", "target": {"model": "org/t"}, "draft": draft},
+            "placement": placement,
+        }
+    )
+
+
+def pod(name: str, gated: bool) -> dict[str, Any]:
+    gates = [{"name": "kueue.x-k8s.io/admission"}] if gated else []
+    return {"metadata": {"name": name}, "spec": {"schedulingGates": gates}}
+
+
+def workload(
+    pod_name: str, message: str | None, cluster_queue: str | None = None
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": []}
+    if message is not None:
+        status["conditions"].append(
+            {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": message}
+        )
+    if cluster_queue:
+        status["admission"] = {"clusterQueue": cluster_queue}
+        status["conditions"].append({"type": "Admitted", "status": "True"})
+    return {
+        "metadata": {
+            "name": f"pod-{pod_name}",
+            "ownerReferences": [{"kind": "Pod", "name": pod_name}],
+        },
+        "status": status,
+    }
+
+
+LOCAL_QUEUE = {"metadata": {"name": "interactive"}, "spec": {"clusterQueue": "gpu-cq"}}
+
+
+def test_auto_speculates_on_interactive_queues() -> None:
+    decision = decide_speculation(spec("interactive"), CONFIG)
+    assert decision.enabled
+    assert decision.effective_spec.pair.draft.method == "eagle3"
+    assert decision.status.reason == Reason.SPECULATION_ENABLED
+
+
+def test_auto_serves_the_target_alone_on_batch_queues_and_says_why() -> None:
+    decision = decide_speculation(spec("batch"), CONFIG)
+    assert not decision.enabled
+    assert decision.effective_spec.pair.draft.method == "none"
+    assert decision.effective_spec.pair.draft.model is None
+    assert decision.status.reason == Reason.SPECULATION_DISABLED_BATCH_QUEUE
+    assert "batch" in decision.status.message
+
+
+def test_explicit_policies_win_over_the_queue() -> None:
+    assert decide_speculation(spec("batch", "On"), CONFIG).enabled
+    off = decide_speculation(spec("interactive", "Off"), CONFIG)
+    assert off.status.reason == Reason.SPECULATION_DISABLED_BY_SPEC
+    assert decide_speculation(spec(None, method="none"), CONFIG).status.reason == Reason.NO_DRAFT
+
+
+def test_admitted_without_a_queue() -> None:
+    update = judge_admission(None, [pod("a", False)], [], None)
+    assert (update.status, update.reason) == ("True", Reason.NO_QUEUE)
+
+
+def test_not_admitted_names_the_cluster_queue_and_what_it_lacks() -> None:
+    pods = [pod("a", True), pod("b", False)]
+    update = judge_admission("interactive", pods, [workload("a", PENDING)], LOCAL_QUEUE)
+    assert (update.status, update.reason) == ("False", Reason.WAITING_FOR_QUOTA)
+    assert "ClusterQueue gpu-cq" in update.message
+    assert "4 nvidia.com/gpu (flavor h100)" in update.message
+    assert "1 of 2 pods" in update.message
+
+
+def test_admitted_once_no_pod_is_gated() -> None:
+    update = judge_admission(
+        "interactive", [pod("a", False)], [workload("a", None, "gpu-cq")], LOCAL_QUEUE
+    )
+    assert (update.status, update.reason) == ("True", Reason.ADMITTED)
+    assert "gpu-cq" in update.message
+
+
+def test_unknown_before_pods_and_false_for_a_missing_local_queue() -> None:
+    assert judge_admission("interactive", [], [], LOCAL_QUEUE).status == "Unknown"
+    update = judge_admission("nope", [pod("a", True)], [], None)
+    assert update.status == "False"
+    assert "LocalQueue nope does not exist" in update.message
+
+
+def test_describe_shortage_keeps_unparsed_messages() -> None:
+    assert describe_shortage("ClusterQueue gpu-cq is inactive") == "ClusterQueue gpu-cq is inactive"

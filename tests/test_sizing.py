@@ -1,0 +1,438 @@
+"""Sizing: MIG tables, inventory from node labels, the MIG / whole-GPU / Unschedulable choice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from specdeploy.api.config import OperatorConfig
+from specdeploy.api.models import ModelShape, SizingDecision
+from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
+from specdeploy.plan.gpu_catalog import (
+    GPU_PRODUCTS,
+    GpuNodeInventory,
+    catalog_for_config,
+    find_product,
+    read_gpu_inventories,
+    read_gpu_inventory,
+)
+from specdeploy.plan.model_catalog import catalog_shape
+from specdeploy.plan.sizing import (
+    ENGINE_OVERHEAD_GIB_PER_DEVICE,
+    GIB,
+    ShapeUnknown,
+    Unschedulable,
+    models_needing_shapes,
+    size_pair,
+    valid_tensor_parallel_sizes,
+)
+
+CONFIG = OperatorConfig()
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+# The MIG tables of DESIGN.md, row by row: product -> its profiles.
+MIG_TABLE: dict[str, list[str]] = {
+    "NVIDIA-A100-SXM4-40GB": ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
+    "NVIDIA-A100-SXM4-80GB": ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    H100: ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    "NVIDIA-H100-NVL": ["1g.12gb", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"],
+    "NVIDIA-H200": ["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+    "NVIDIA-A30": ["1g.6gb", "2g.12gb", "4g.24gb"],
+}
+MIG_ROWS = [(product, profile) for product, profiles in MIG_TABLE.items() for profile in profiles]
+
+
+def node(
+    name: str,
+    product: str | None,
+    allocatable: dict[str, Any],
+    labels: dict[str, str] | None = None,
+    unschedulable: bool = False,
+) -> dict[str, Any]:
+    all_labels = {"nvidia.com/gpu.product": product} if product else {}
+    all_labels.update(labels or {})
+    return {
+        "metadata": {"name": name, "labels": all_labels},
+        "spec": {"unschedulable": unschedulable},
+        "status": {"allocatable": {"cpu": "64", **allocatable}},
+    }
+
+
+def bed_nodes() -> list[GpuNodeInventory]:
+    """The e2e test bed: two 8 x H100 nodes, an H100 MIG-mixed node, one 8 x H200 node."""
+    return read_gpu_inventories(
+        [
+            node("gpu-h100-a", H100, {"nvidia.com/gpu": "8"}),
+            node("gpu-h100-b", H100, {"nvidia.com/gpu": "8"}),
+            node(
+                "gpu-h100-mig",
+                H100,
+                {"nvidia.com/mig-3g.40gb": "2", "nvidia.com/mig-1g.10gb": "1"},
+                {"nvidia.com/mig.strategy": "mixed"},
+            ),
+            node("gpu-h200", "NVIDIA-H200", {"nvidia.com/gpu": "8"}),
+            node("cpu-only", None, {}),
+        ]
+    )
+
+
+def pair_spec(
+    target: str,
+    draft: str | None,
+    *,
+    method: str = "eagle3",
+    max_model_len: int = 8192,
+    max_num_seqs: int = 32,
+    utilization: float = 0.92,
+    **extra: Any,
+) -> Spec:
+    draft_spec: dict[str, Any] = {"method": method}
+    if method != "none":
+        draft_spec["numSpeculativeTokens"] = 3
+    if draft:
+        draft_spec["model"] = draft
+    return Spec.model_validate(
+        {
+            "pair": {"version": "1", "target": {"model": target}, "draft": draft_spec},
+            "engine": {
+                "maxModelLen": max_model_len,
+                "maxNumSeqs": max_num_seqs,
+                "gpuMemoryUtilization": utilization,
+            },
+            **extra,
+        }
+    )
+
+
+def spec_needing(gib: float, mig: str = "Auto", product: str | None = None) -> Spec:
+    """A target-only spec whose replica needs `gib` GiB on one device (tiny KV cache)."""
+    weights_gib = gib - ENGINE_OVERHEAD_GIB_PER_DEVICE - 0.001
+    shape = {
+        "parametersBillion": weights_gib * GIB / 2e9,
+        "layers": 1,
+        "hiddenSize": 64,
+        "attentionHeads": 8,
+        "kvHeads": 8,
+        "headDim": 1,
+        "vocabSize": 1000,
+        "dtype": "bfloat16",
+    }
+    gpu: dict[str, Any] = {"mig": mig}
+    if product:
+        gpu["product"] = product
+    return Spec.model_validate(
+        {
+            "pair": {
+                "version": "1",
+                "target": {"model": "org/custom", "shape": shape},
+                "draft": {"method": "none"},
+            },
+            "engine": {"maxModelLen": 1, "maxNumSeqs": 1, "gpuMemoryUtilization": 1.0},
+            "placement": {"gpu": gpu},
+        }
+    )
+
+
+def decided(result: SizingDecision | Unschedulable | ShapeUnknown) -> SizingDecision:
+    assert isinstance(result, SizingDecision), getattr(result, "message", result)
+    return result
+
+
+# --- the catalog matches DESIGN.md ------------------------------------------------------------
+
+
+def test_catalog_has_every_mig_table_row_in_order() -> None:
+    for product_name, profiles in MIG_TABLE.items():
+        product = find_product(product_name)
+        assert product is not None, product_name
+        assert [p.name for p in product.mig_profiles] == profiles
+
+
+@pytest.mark.parametrize(("product_name", "profile_name"), MIG_ROWS)
+def test_each_mig_row_is_chosen_when_it_is_the_smallest_that_fits(
+    product_name: str, profile_name: str
+) -> None:
+    product = find_product(product_name)
+    assert product is not None
+    profile = product.mig_profile(profile_name)
+    assert profile is not None
+    # The node offers every profile of its product, mixed strategy.
+    offers = {f"nvidia.com/mig-{p.name}": "1" for p in product.mig_profiles}
+    nodes = read_gpu_inventories([node("mig", product_name, offers)])
+    smaller_same_memory = [
+        p
+        for p in product.mig_profiles
+        if p.memory_gb == profile.memory_gb and p.compute_slices < profile.compute_slices
+    ]
+    decision = decided(size_pair(spec_needing(profile.memory_gib), nodes, CONFIG))
+    expected = smaller_same_memory[0] if smaller_same_memory else profile
+    assert decision.resource_name == f"nvidia.com/mig-{expected.name}"
+    assert decision.mig_profile == expected.name
+    assert decision.count == 1
+    assert decision.tensor_parallel_size == 1
+    assert decision.memory is not None
+    assert decision.memory.per_device_gib <= profile.memory_gib + 0.01
+
+
+@pytest.mark.parametrize(("product_name", "profile_name"), MIG_ROWS)
+def test_each_mig_row_under_the_single_strategy(product_name: str, profile_name: str) -> None:
+    label = f"{product_name}-MIG-{profile_name}"
+    nodes = read_gpu_inventories(
+        [node("single", label, {"nvidia.com/gpu": "7"}, {"nvidia.com/mig.strategy": "single"})]
+    )
+    assert nodes[0].mig_strategy == "single"
+    profile = nodes[0].mig_offers[0].profile
+    decision = decided(size_pair(spec_needing(profile.memory_gib * 0.99), nodes, CONFIG))
+    assert decision.resource_name == "nvidia.com/gpu"
+    assert decision.mig_profile == profile_name
+    assert decision.node_selector == {"nvidia.com/gpu.product": label}
+    # One GiB more than the slice has: it no longer fits, and there is nothing else.
+    assert isinstance(size_pair(spec_needing(profile.memory_gib + 1), nodes, CONFIG), Unschedulable)
+
+
+# --- inventory ------------------------------------------------------------------------------
+
+
+def test_inventory_reads_whole_gpus_mig_slices_and_skips_cpu_and_cordoned_nodes() -> None:
+    nodes = read_gpu_inventories(
+        [
+            node("a", H100, {"nvidia.com/gpu": "8"}),
+            node(
+                "b",
+                None,
+                {"nvidia.com/mig-3g.40gb": "2", "nvidia.com/mig-1g.10gb": "1"},
+                {"nvidia.com/gpu.memory": "81559"},
+            ),
+            node("c", None, {}),
+            node("d", H100, {"nvidia.com/gpu": "8"}, unschedulable=True),
+        ]
+    )
+    assert [n.node_name for n in nodes] == ["a", "b"]
+    assert nodes[0].whole_gpus == 8
+    assert nodes[0].mig_strategy == "none"
+    assert nodes[1].mig_strategy == "mixed"
+    assert nodes[1].product_name == H100
+    assert {(o.profile.name, o.count) for o in nodes[1].mig_offers} == {
+        ("3g.40gb", 2),
+        ("1g.10gb", 1),
+    }
+
+
+def test_inventory_of_a_node_without_gpus_is_none() -> None:
+    assert read_gpu_inventory(node("cpu", None, {"nvidia.com/gpu": "0"})) is None
+
+
+def test_operator_config_adds_gpu_products() -> None:
+    config = OperatorConfig.model_validate(
+        {"gpuCatalog": [{"product": "ACME-X1", "memoryGiB": 200, "migProfiles": ["2g.100gb"]}]}
+    )
+    catalog = catalog_for_config(config)
+    acme = find_product("ACME-X1", catalog)
+    assert acme is not None
+    assert acme.memory_gib == 200
+    assert len(catalog) == len(GPU_PRODUCTS) + 1
+
+
+# --- the examples' choices --------------------------------------------------------------------
+
+
+def test_llama_8b_with_its_eagle3_head_takes_a_3g_40gb_slice() -> None:
+    spec = pair_spec(
+        "meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", max_num_seqs=8
+    )
+    decision = decided(size_pair(spec, bed_nodes(), CONFIG))
+    assert decision.resource_name == "nvidia.com/mig-3g.40gb"
+    assert decision.mig_profile == "3g.40gb"
+    assert decision.gpu_product == H100
+    assert decision.memory is not None
+    # 15.0 target + 0.8 head + 8.2 KV + 2 overhead = 26 GiB, / 0.92 = 28.2 GiB
+    assert decision.memory.target_weights_gib == pytest.approx(14.96, abs=0.01)
+    assert decision.memory.draft_weights_gib == pytest.approx(0.78, abs=0.01)
+    assert decision.memory.kv_cache_gib == pytest.approx(8.25, abs=0.01)
+    assert decision.memory.required_gib == pytest.approx(28.2, abs=0.1)
+    assert "3g.40gb" in decision.message
+
+
+def test_llama_70b_takes_four_h100s_with_tensor_parallel_4() -> None:
+    spec = pair_spec(
+        "meta-llama/Llama-3.1-70B-Instruct",
+        "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B",
+        placement={"gpu": {"product": H100}},
+    )
+    decision = decided(size_pair(spec, bed_nodes(), CONFIG))
+    assert decision.resource_name == "nvidia.com/gpu"
+    assert decision.count == 4
+    assert decision.tensor_parallel_size == 4
+    assert decision.node_selector == {"nvidia.com/gpu.product": H100}
+    assert decision.memory is not None
+    assert decision.memory.per_device_gib < 79.6 < decision.memory.required_gib / 2
+
+
+def test_fewest_gpus_wins_over_product_when_no_product_is_asked_for() -> None:
+    spec = pair_spec("meta-llama/Llama-3.1-70B-Instruct", "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B")
+    decision = decided(size_pair(spec, bed_nodes(), CONFIG))
+    assert (decision.gpu_product, decision.count) == ("NVIDIA-H200", 2)
+
+
+def test_405b_bf16_on_h100s_is_unschedulable_with_the_memory_it_needs() -> None:
+    spec = pair_spec(
+        "meta-llama/Llama-3.1-405B-Instruct",
+        None,
+        method="eagle3",
+        placement={"gpu": {"product": H100}},
+    )
+    result = size_pair(spec, bed_nodes(), CONFIG)
+    assert isinstance(result, Unschedulable)
+    assert result.memory is not None
+    assert result.memory.target_weights_gib == pytest.approx(756.0, abs=0.5)
+    assert result.memory.required_gib > 8 * 79.6
+    assert "756.0" in result.message
+    assert "8 x NVIDIA-H100-80GB-HBM3" in result.message
+
+
+def test_405b_at_long_context_does_not_fit_even_eight_h200s() -> None:
+    spec = pair_spec("meta-llama/Llama-3.1-405B-Instruct", None, method="none", max_model_len=32768)
+    result = size_pair(spec, bed_nodes(), CONFIG)
+    assert isinstance(result, Unschedulable)
+    assert "8 x NVIDIA-H200" in result.message
+
+
+# --- policies -------------------------------------------------------------------------------
+
+
+def test_mig_never_uses_whole_gpus() -> None:
+    decision = decided(size_pair(spec_needing(20, mig="Never"), bed_nodes(), CONFIG))
+    assert decision.resource_name == "nvidia.com/gpu"
+    assert decision.gpu_product == H100
+    assert decision.count == 1
+
+
+def test_mig_required_is_unschedulable_when_no_slice_fits() -> None:
+    result = size_pair(spec_needing(60, mig="Required"), bed_nodes(), CONFIG)
+    assert isinstance(result, Unschedulable)
+    assert "MIG Required" in result.message
+
+
+def test_mig_auto_falls_back_to_a_whole_gpu_when_slices_are_too_small() -> None:
+    decision = decided(size_pair(spec_needing(60), bed_nodes(), CONFIG))
+    assert (decision.resource_name, decision.count, decision.gpu_product) == (
+        "nvidia.com/gpu",
+        1,
+        H100,
+    )
+
+
+def test_smallest_slice_wins_among_several() -> None:
+    decision = decided(size_pair(spec_needing(9), bed_nodes(), CONFIG))
+    assert decision.mig_profile == "1g.10gb"
+
+
+def test_unknown_requested_product_is_unschedulable() -> None:
+    result = size_pair(spec_needing(9, product="NVIDIA-B200"), bed_nodes(), CONFIG)
+    assert isinstance(result, Unschedulable)
+    assert "NVIDIA-B200" in result.message
+
+
+def test_tensor_parallel_sizes_divide_attention_and_kv_heads() -> None:
+    qwen_7b = catalog_shape("Qwen/Qwen2.5-7B-Instruct")
+    assert qwen_7b is not None
+    assert valid_tensor_parallel_sizes(qwen_7b, 8) == [1, 2, 4]
+    llama_70b = catalog_shape("meta-llama/Llama-3.1-70B-Instruct")
+    assert llama_70b is not None
+    assert valid_tensor_parallel_sizes(llama_70b, 8) == [1, 2, 4, 8]
+    odd = ModelShape(
+        parameters_billion=1,
+        layers=1,
+        hidden_size=96,
+        attention_heads=12,
+        kv_heads=6,
+        vocab_size=10,
+        dtype="bfloat16",
+    )
+    assert valid_tensor_parallel_sizes(odd, 8) == [1, 2]
+
+
+def test_whole_gpu_tensor_parallel_skips_invalid_degrees() -> None:
+    # Qwen2.5-7B's 4 KV heads rule out TP 8; a replica needing > 4 GPUs is unschedulable.
+    shape = {
+        "parametersBillion": 300,
+        "layers": 28,
+        "hiddenSize": 3584,
+        "attentionHeads": 28,
+        "kvHeads": 4,
+        "vocabSize": 152064,
+        "dtype": "bfloat16",
+    }
+    spec = Spec.model_validate(
+        {
+            "pair": {
+                "version": "1",
+                "target": {"model": "x/y", "shape": shape},
+                "draft": {"method": "none"},
+            },
+            "placement": {"gpu": {"product": H100}},
+        }
+    )
+    result = size_pair(spec, bed_nodes(), CONFIG)
+    assert isinstance(result, Unschedulable)
+    assert "4 x NVIDIA-H100-80GB-HBM3" in result.message
+
+
+def test_forced_tensor_parallel_is_respected() -> None:
+    spec = pair_spec(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        max_num_seqs=8,
+        placement={"gpu": {"product": H100}},
+    )
+    spec = spec.model_copy(
+        update={"engine": spec.engine.model_copy(update={"tensor_parallel_size": 2})}
+    )
+    decision = decided(size_pair(spec, bed_nodes(), CONFIG))
+    assert (decision.resource_name, decision.count) == ("nvidia.com/gpu", 2)
+
+
+def test_quantization_shrinks_the_weights() -> None:
+    shape = catalog_shape("meta-llama/Llama-3.1-70B-Instruct")
+    assert shape is not None
+    fp8 = shape.model_copy(update={"quantization": "fp8"}).model_dump(by_alias=True)
+    spec = Spec.model_validate(
+        {
+            "pair": {
+                "version": "1",
+                "target": {"model": "x/y", "shape": fp8},
+                "draft": {"method": "none"},
+            },
+            "engine": {"maxModelLen": 8192, "maxNumSeqs": 8},
+            "placement": {"gpu": {"product": H100}},
+        }
+    )
+    decision = decided(size_pair(spec, bed_nodes(), CONFIG))
+    assert decision.memory is not None
+    assert decision.memory.target_weights_gib == pytest.approx(65.7, abs=0.1)
+    assert decision.count == 2
+
+
+# --- shapes -----------------------------------------------------------------------------------
+
+
+def test_unknown_models_need_a_fetched_shape() -> None:
+    spec = pair_spec("acme/secret-13b", "acme/secret-13b-draft", method="draft_model")
+    assert models_needing_shapes(spec) == ["acme/secret-13b", "acme/secret-13b-draft"]
+    assert isinstance(size_pair(spec, bed_nodes(), CONFIG), ShapeUnknown)
+    shape = catalog_shape("meta-llama/Llama-3.1-8B-Instruct")
+    small = catalog_shape("meta-llama/Llama-3.2-1B-Instruct")
+    assert shape is not None
+    assert small is not None
+    fetched = {"acme/secret-13b": shape, "acme/secret-13b-draft": small}
+    decision = decided(size_pair(spec, bed_nodes(), CONFIG, fetched_shapes=fetched))
+    assert decision.memory is not None
+    assert decision.memory.draft_weights_gib == pytest.approx(2.31, abs=0.01)
+
+
+def test_an_eagle3_head_without_a_shape_is_estimated_from_its_target() -> None:
+    spec = pair_spec("meta-llama/Llama-3.1-405B-Instruct", "someone/unknown-eagle3-head")
+    assert models_needing_shapes(spec) == []
+    result = size_pair(spec, bed_nodes(), CONFIG)
+    assert not isinstance(result, ShapeUnknown)
