@@ -54,8 +54,25 @@ PY
 "${pip[@]}" -c "$constraints" -r "$constraints.reqs" >&2
 rm -f "$constraints.reqs"
 # The speculators package writes EAGLE-3 checkpoints in the format vLLM loads; used by the tiny models.
+# Its own requirements (datasets, hs-connectors, ...) go in the same way as vLLM's: without torch's
+# CUDA siblings, constrained to our torch. Without them `import speculators` fails on `datasets`.
 "${pip[@]}" -c "$constraints" --no-deps "speculators==${SPECULATORS_VERSION}" >&2
+"$venv/bin/python" - >"$constraints.reqs" <<'PY'
+import importlib.metadata as md
+from packaging.requirements import Requirement
+skip = {"torch", "torchaudio", "torchvision", "torchcodec"}
+for raw in md.requires("speculators") or []:
+    req = Requirement(raw)
+    if req.name.lower() in skip:
+        continue
+    if req.marker and not req.marker.evaluate({"extra": ""}):
+        continue
+    req.marker = None
+    print(req)
+PY
+"${pip[@]}" -c "$constraints" -r "$constraints.reqs" >&2
+rm -f "$constraints.reqs"
 
-"$venv/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2
+"$venv/bin/python" -c 'import vllm, torch, speculators.models.eagle3; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2
 touch "$venv/.complete"
 echo "$venv/bin/python"

