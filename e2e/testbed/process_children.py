@@ -1,0 +1,235 @@
+"""The process kubelet's child processes: started so they die with it, recorded so they can be
+cleaned up after it.
+
+Each child is the leader of its own session (and so of its process group, which stands in for
+the container: stopping a container signals the whole group), and gets PR_SET_PDEATHSIG so the
+kernel kills it when the process kubelet dies, however it dies. Each child is also recorded in
+`<run dir>/pids/<pid>.json` with its start time and command line; a later instance kills
+children a crashed instance left behind, and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+# Loaded once, before any fork: the preexec function must not load libraries.
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+
+
+def _die_with(parent_pid: int) -> Callable[[], None]:
+    def preexec() -> None:
+        # PR_SET_PDEATHSIG fires when the *thread* that forked exits; the pod workers that
+        # spawn children live as long as their children (see process_kubelet.PodWorker).
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """What identifies one process across pid reuse: its start time in clock ticks."""
+
+    pid: int
+    session: int
+    start_ticks: int
+
+
+def read_identity(pid: int) -> ProcessIdentity | None:
+    """The identity of a live (or zombie) process, None when there is none with this pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces.
+    fields = stat.rsplit(")", 1)[1].split()
+    return ProcessIdentity(pid=pid, session=int(fields[3]), start_ticks=int(fields[19]))
+
+
+def read_command_line(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def runs_command(actual: list[str], recorded: list[str]) -> bool:
+    """Whether a process still runs the recorded command line.
+
+    A script started through its `#!` line shows its interpreter first, so only the program
+    name's end and the arguments are compared.
+    """
+    if not actual or not recorded or len(actual) < len(recorded):
+        return False
+    tail = actual[len(actual) - len(recorded) :]
+    return Path(tail[0]).name == Path(recorded[0]).name and tail[1:] == recorded[1:]
+
+
+def exit_code_of(returncode: int) -> int:
+    """A Popen return code as a container exit code (killed by signal N → 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_group(pid: int, signum: int) -> None:
+    """Signal the process group led by `pid`, if any of it is left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+
+
+class PidLedger:
+    """The record of children in `<run dir>/pids/`, one JSON file per child."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def record(self, identity: ProcessIdentity, argv: list[str], owner: str) -> None:
+        entry = {
+            "pid": identity.pid,
+            "startTicks": identity.start_ticks,
+            "argv": argv,
+            "owner": owner,
+            "recordedBy": os.getpid(),
+        }
+        path = self.folder / f"{identity.pid}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entry))
+        tmp.replace(path)
+
+    def forget(self, pid: int) -> None:
+        (self.folder / f"{pid}.json").unlink(missing_ok=True)
+
+    def entries(self) -> Iterator[dict[str, Any]]:
+        for path in sorted(self.folder.glob("*.json")):
+            try:
+                yield json.loads(path.read_text())
+            except (OSError, ValueError):
+                log.warning("unreadable pid record %s", path)
+                path.unlink(missing_ok=True)
+
+    def kill_leftovers(self, wait_seconds: float = 5.0) -> list[int]:
+        """Kill the children a previous instance recorded and left running; forget the records.
+
+        A recorded leader is killed (with its group) only if it is the same process (same
+        start time) and still runs the recorded command line. If the leader is gone, processes
+        still in its session that started after it are its orphans and are killed too.
+        Returns the pids signalled.
+        """
+        killed: list[int] = []
+        for entry in list(self.entries()):
+            pid, start_ticks, argv = int(entry["pid"]), int(entry["startTicks"]), entry["argv"]
+            leader = read_identity(pid)
+            if leader is not None and leader.start_ticks == start_ticks:
+                if runs_command(read_command_line(pid) or [], argv):
+                    log.info("stopping leftover child %d (%s)", pid, entry.get("owner"))
+                    signal_group(pid, signal.SIGTERM)
+                    killed.append(pid)
+                else:
+                    log.warning("pid %d no longer runs its recorded command; left alone", pid)
+            else:
+                orphans = [
+                    identity.pid
+                    for identity in _all_processes()
+                    if identity.session == pid and identity.start_ticks >= start_ticks
+                ]
+                for orphan in orphans:
+                    log.info("killing orphan %d of leftover child %d", orphan, pid)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(orphan, signal.SIGKILL)
+                killed.extend(orphans)
+            self.forget(pid)
+        deadline = time.monotonic() + wait_seconds
+        while any(read_identity(pid) for pid in killed) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in killed:
+            signal_group(pid, signal.SIGKILL)
+        return killed
+
+
+def _all_processes() -> Iterator[ProcessIdentity]:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            identity = read_identity(int(entry.name))
+            if identity is not None:
+                yield identity
+
+
+@dataclass
+class Child:
+    """One running container process."""
+
+    popen: subprocess.Popen[bytes]
+    argv: list[str]
+    started_monotonic: float
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+def spawn_child(
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    log_path: Path,
+    ledger: PidLedger,
+    owner: str,
+) -> Child:
+    """Start a container process: own session, dies with us, output appended to `log_path`.
+
+    Raises OSError when the program cannot be started (not found, not executable).
+    """
+    with log_path.open("ab") as output:
+        popen = subprocess.Popen(
+            argv,
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with(os.getpid()),  # noqa: PLW1509 - PR_SET_PDEATHSIG needs it
+        )
+    identity = read_identity(popen.pid)
+    if identity is not None:
+        ledger.record(identity, argv, owner)
+    return Child(popen=popen, argv=argv, started_monotonic=time.monotonic())
+
+
+def reap_child(child: Child, ledger: PidLedger) -> None:
+    """After the leader exited: kill what is left of its group (a container's end kills all)."""
+    signal_group(child.pid, signal.SIGKILL)
+    ledger.forget(child.pid)
+
+
+def stop_child(child: Child, grace_seconds: float, ledger: PidLedger) -> int:
+    """SIGTERM the child's group, SIGKILL it after the grace period; returns the exit code."""
+    if child.popen.poll() is None:
+        signal_group(child.pid, signal.SIGTERM)
+        try:
+            child.popen.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            signal_group(child.pid, signal.SIGKILL)
+            child.popen.wait()
+    reap_child(child, ledger)
+    return exit_code_of(child.popen.returncode)

@@ -1,0 +1,814 @@
+"""The process kubelet: runs pods annotated `specdeploy.dev/local-process: "true"` as local
+processes, writes their real status, and registers them with Prometheus (file service discovery).
+
+    python -m testbed.process_kubelet --kubeconfig KUBECONFIG --run-dir DIR --sd-dir DIR
+
+One thread watches pods in all namespaces; each pod it runs gets a worker thread that starts
+its containers, probes them, applies the restart policy, writes the status and, when the pod
+is deleted, stops the processes and finishes the deletion. The decisions are in process_plan;
+the child processes are handled by process_children. The contract is in docs/contracts.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import fcntl
+import http.client
+import json
+import logging
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch import watch as kube_watch
+
+from testbed.process_children import (
+    Child,
+    PidLedger,
+    exit_code_of,
+    reap_child,
+    spawn_child,
+    stop_child,
+)
+from testbed.process_plan import (
+    BACKOFF_RESET_AFTER_SECONDS,
+    HOST_ENV,
+    LOCAL_HOST,
+    PORT_ENV,
+    TERMINATION_LOG_ENV,
+    Container,
+    ContainerConfigError,
+    ContainerReason,
+    ContainerRecord,
+    Pod,
+    ProbeSpec,
+    ProbeTracker,
+    Running,
+    Terminated,
+    Waiting,
+    adopt_container,
+    build_command_line,
+    build_container_env,
+    build_pod_status,
+    build_scrape_target_groups,
+    crash_loop_message,
+    exit_reason,
+    is_being_deleted,
+    is_local_process_pod,
+    is_terminal,
+    merge_pod_status,
+    pod_folder_name,
+    pod_key,
+    probe_spec,
+    restart_backoff_seconds,
+    scrape_target_file_name,
+    should_restart,
+    status_differs,
+    stop_grace_seconds,
+    termination_message,
+)
+
+log = logging.getLogger("process-kubelet")
+
+# Untyped in the client; these are their documented signatures.
+iter_resp_lines: Callable[[Any], Iterator[str]] = kube_watch.iter_resp_lines
+new_client_from_config: Callable[..., client.ApiClient] = config.new_client_from_config
+
+TICK_SECONDS = 1.0
+CONFIG_RETRY_SECONDS = 5.0
+WATCH_TIMEOUT_SECONDS = 60
+SHUTDOWN_JOIN_SECONDS = 15.0
+
+
+def utc_now() -> str:
+    """A Kubernetes timestamp (RFC 3339, seconds, UTC)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- The API server, as raw JSON objects ---------------------------------------------------
+
+
+class PodGoneError(Exception):
+    """The pod no longer exists (or is a different object than the one we run)."""
+
+
+class StatusConflictError(Exception):
+    """The pod changed since we read it; read it again."""
+
+
+class PodApi(Protocol):
+    """What the process kubelet needs from the API server."""
+
+    def list_pods(self) -> tuple[list[Pod], str]: ...
+
+    def watch_pods(self, resource_version: str) -> Iterator[tuple[str, Pod]]: ...
+
+    def read_pod(self, namespace: str, name: str) -> Pod: ...
+
+    def patch_pod_status(self, pod: Pod, status: Mapping[str, Any]) -> Pod: ...
+
+    def delete_pod_now(self, pod: Pod) -> None: ...
+
+    def read_object_data(self, kind: str, namespace: str, name: str) -> dict[str, str] | None: ...
+
+
+class KubePodApi:
+    """PodApi over the `kubernetes` client, with plain dicts in camelCase as on the wire."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api_client)
+
+    @staticmethod
+    def _json(response: Any) -> Any:
+        return json.loads(response.data)
+
+    def list_pods(self) -> tuple[list[Pod], str]:
+        body = self._json(self.core.list_pod_for_all_namespaces(_preload_content=False))
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    def watch_pods(self, resource_version: str) -> Iterator[tuple[str, Pod]]:
+        """Pod events from `resource_version` on; ends after a while (then watch again).
+
+        Raises ApiException(410) when the version is too old (then list again).
+        """
+        response: Any = self.core.list_pod_for_all_namespaces(
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=WATCH_TIMEOUT_SECONDS,
+            _request_timeout=(10, WATCH_TIMEOUT_SECONDS + 30),
+            _preload_content=False,
+        )
+        try:
+            for line in iter_resp_lines(response):
+                if not line:
+                    continue
+                event = json.loads(line)
+                if event["type"] == "ERROR":
+                    status = event["object"]
+                    raise ApiException(status=status.get("code"), reason=status.get("message"))
+                yield event["type"], event["object"]
+        finally:
+            response.release_conn()
+
+    def read_pod(self, namespace: str, name: str) -> Pod:
+        try:
+            pod: Pod = self._json(
+                self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+            )
+        except ApiException as error:
+            if error.status == 404:
+                raise PodGoneError(f"{namespace}/{name}") from error
+            raise
+        return pod
+
+    def patch_pod_status(self, pod: Pod, status: Mapping[str, Any]) -> Pod:
+        metadata = pod["metadata"]
+        body = {
+            "metadata": {"uid": metadata["uid"], "resourceVersion": metadata["resourceVersion"]},
+            "status": status,
+        }
+        try:
+            patched: Pod = self._json(
+                self.core.patch_namespaced_pod_status(
+                    metadata["name"],
+                    metadata["namespace"],
+                    body,
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                )
+            )
+        except ApiException as error:
+            if error.status == 404:
+                raise PodGoneError(pod_key(pod)) from error
+            if error.status == 409:
+                raise StatusConflictError(pod_key(pod)) from error
+            raise
+        return patched
+
+    def delete_pod_now(self, pod: Pod) -> None:
+        metadata = pod["metadata"]
+        options = client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=metadata["uid"])
+        )
+        try:
+            self.core.delete_namespaced_pod(
+                metadata["name"], metadata["namespace"], grace_period_seconds=0, body=options
+            )
+        except ApiException as error:
+            if error.status not in (404, 409):  # gone, or a new pod with the same name
+                raise
+
+    def read_object_data(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        read = (
+            self.core.read_namespaced_secret
+            if kind == "Secret"
+            else self.core.read_namespaced_config_map
+        )
+        try:
+            body = self._json(read(name, namespace, _preload_content=False))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        data: dict[str, str] = {}
+        for key, value in (body.get("data") or {}).items():
+            data[key] = base64.b64decode(value).decode() if kind == "Secret" else value
+        if kind == "Secret":
+            data.update(body.get("stringData") or {})
+        else:
+            for key, value in (body.get("binaryData") or {}).items():
+                data[key] = base64.b64decode(value).decode(errors="replace")
+        return data
+
+
+# --- Local resources: ports and scrape target files ----------------------------------------
+
+
+class PortAllocator:
+    """Free ports on 127.0.0.1, never handed out twice while in use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken: set[int] = set()
+
+    def take(self) -> int:
+        with self._lock:
+            while True:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind((LOCAL_HOST, 0))
+                    port = int(sock.getsockname()[1])
+                if port not in self._taken:
+                    self._taken.add(port)
+                    return port
+
+    def give_back(self, port: int) -> None:
+        with self._lock:
+            self._taken.discard(port)
+
+
+class ScrapeTargetFiles:
+    """Prometheus file-SD files, one `<namespace>_<pod>_<uid>.json` per running pod."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def write(self, pod: Pod, groups: list[dict[str, Any]]) -> None:
+        path = self.folder / scrape_target_file_name(pod)
+        text = json.dumps(groups, indent=2, sort_keys=True) + "\n"
+        with contextlib.suppress(FileNotFoundError):
+            if path.read_text() == text:
+                return
+        # Prometheus reads *.json; the temporary name does not match, the rename is atomic.
+        tmp = self.folder / f".{path.name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(path)
+
+    def remove(self, pod: Pod) -> None:
+        (self.folder / scrape_target_file_name(pod)).unlink(missing_ok=True)
+
+
+# --- Probes ----------------------------------------------------------------------------------
+
+
+def run_probe(spec: ProbeSpec, port: int, env: Mapping[str, str], cwd: Path) -> bool:
+    """One probe against the container's local port (or in its environment, for exec)."""
+    try:
+        if spec.kind == "http":
+            connection: http.client.HTTPConnection
+            if spec.scheme == "HTTPS":
+                insecure = ssl.create_default_context()
+                insecure.check_hostname = False
+                insecure.verify_mode = ssl.CERT_NONE
+                connection = http.client.HTTPSConnection(
+                    LOCAL_HOST, port, timeout=spec.timeout_seconds, context=insecure
+                )
+            else:
+                connection = http.client.HTTPConnection(
+                    LOCAL_HOST, port, timeout=spec.timeout_seconds
+                )
+            try:
+                connection.request("GET", spec.path, headers=dict(spec.headers))
+                status = connection.getresponse().status
+            finally:
+                connection.close()
+            return 200 <= status < 400
+        if spec.kind == "tcp":
+            with socket.create_connection((LOCAL_HOST, port), timeout=spec.timeout_seconds):
+                return True
+        if spec.kind == "exec":
+            result = subprocess.run(
+                list(spec.command),
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=spec.timeout_seconds,
+                check=False,
+            )
+            return result.returncode == 0
+    except (OSError, http.client.HTTPException, subprocess.SubprocessError):
+        return False
+    return True  # gRPC probes are not run here; they count as passing (docs/testbed.md)
+
+
+# --- One pod --------------------------------------------------------------------------------
+
+
+@dataclass
+class ContainerRun:
+    """The worker's state for one container: its record and its current process, if any."""
+
+    spec: Container
+    record: ContainerRecord
+    port: int
+    wants_run: bool
+    consecutive_crashes: int = 0
+    start_at: float = 0.0
+    child: Child | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    log_offset: int = 0
+    readiness: ProbeTracker | None = None
+    startup: ProbeTracker | None = None
+
+
+class PodWorker(threading.Thread):
+    """Runs one pod's containers until the pod is deleted or the process kubelet stops.
+
+    The thread outlives its children (it stops them before it ends), which PR_SET_PDEATHSIG
+    needs: the signal follows the thread that forked.
+    """
+
+    def __init__(
+        self,
+        pod: Pod,
+        *,
+        api: PodApi,
+        pods_dir: Path,
+        targets: ScrapeTargetFiles,
+        ledger: PidLedger,
+        ports: PortAllocator,
+    ) -> None:
+        super().__init__(name=f"pod {pod_key(pod)}", daemon=True)
+        self.api = api
+        self.targets = targets
+        self.ledger = ledger
+        self.ports = ports
+        self.folder = pods_dir / pod_folder_name(pod)
+        self._pod = pod
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._gone = False
+        self._shutdown = False
+        self._runs: list[ContainerRun] = []
+        self._start_time = ""
+        # A pod already Succeeded or Failed is never run, and its status never written again.
+        self._frozen = is_terminal(pod)
+
+    # Called from other threads.
+
+    @property
+    def pod(self) -> Pod:
+        with self._lock:
+            return self._pod
+
+    def observe(self, pod: Pod) -> None:
+        """A newer version of the pod from the watch."""
+        with self._lock:
+            self._pod = pod
+        self._wake.set()
+
+    def gone(self) -> None:
+        """The pod was deleted from the API server."""
+        self._gone = True
+        self._wake.set()
+
+    def shutdown(self) -> None:
+        """The process kubelet stops: stop the processes, leave the pod as it is."""
+        self._shutdown = True
+        self._wake.set()
+
+    # The worker thread.
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception:
+            log.exception("worker for %s failed", pod_key(self.pod))
+        finally:
+            self._stop_all(grace=stop_grace_seconds(self.pod))
+            self.targets.remove(self.pod)
+            for run in self._runs:
+                self.ports.give_back(run.port)
+
+    def _run(self) -> None:
+        pod = self.pod
+        self.folder.mkdir(parents=True, exist_ok=True)
+        now = utc_now()
+        self._start_time = (pod.get("status") or {}).get("startTime") or now
+        policy = pod["spec"].get("restartPolicy") or "Always"
+        for container in pod["spec"]["containers"]:
+            adopted = adopt_container(pod, container, policy, now)
+            self._runs.append(
+                ContainerRun(
+                    spec=container,
+                    record=adopted.record,
+                    port=self.ports.take(),
+                    wants_run=adopted.run and not self._frozen,
+                    consecutive_crashes=adopted.consecutive_crashes,
+                )
+            )
+        if pod["spec"].get("initContainers"):
+            for run in self._runs:
+                run.wants_run = False
+                run.record = replace(
+                    run.record,
+                    state=Waiting(
+                        ContainerReason.CREATE_CONTAINER_CONFIG_ERROR,
+                        "init containers are not supported by the process kubelet",
+                    ),
+                )
+        log.info("running pod %s in %s", pod_key(pod), self.folder)
+        while not (self._gone or self._shutdown or is_being_deleted(self.pod)):
+            self._wake.clear()
+            for run in self._runs:
+                self._tend(run)
+            try:
+                self._publish()
+            except Exception as error:  # the API server may be briefly away; keep running
+                log.warning("could not publish the status of %s: %s", pod_key(self.pod), error)
+            self._wake.wait(TICK_SECONDS)
+        if self._gone or self._shutdown:
+            return
+        self._finish_deletion()
+
+    def _tend(self, run: ContainerRun) -> None:
+        """One step of one container: notice its exit, (re)start it, probe it."""
+        if run.child is not None and run.child.popen.poll() is not None:
+            self._record_exit(run, exit_code_of(run.child.popen.returncode))
+        if run.child is None and run.wants_run and time.monotonic() >= run.start_at:
+            self._start(run)
+        if run.child is not None:
+            self._probe(run)
+
+    def _start(self, run: ContainerRun) -> None:
+        pod = self.pod
+        name = run.spec["name"]
+        termination_log = self.folder / f"{name}.termination-log"
+        overrides = {
+            HOST_ENV: LOCAL_HOST,
+            PORT_ENV: str(run.port),
+            TERMINATION_LOG_ENV: str(termination_log),
+        }
+        try:
+            container_env = build_container_env(pod, run.spec, overrides, self.api.read_object_data)
+            argv = build_command_line(run.spec, container_env)
+        except (ContainerConfigError, ApiException) as error:
+            message = error.reason if isinstance(error, ApiException) else str(error)
+            run.record = replace(
+                run.record,
+                state=Waiting(ContainerReason.CREATE_CONTAINER_CONFIG_ERROR, str(message)),
+            )
+            run.start_at = time.monotonic() + CONFIG_RETRY_SECONDS
+            return
+        # The host's environment stands in for the image's (PATH, HOME, a venv's PYTHONPATH).
+        run.env = {**os.environ, **container_env}
+        termination_log.write_text("")
+        log_path = self.folder / f"{name}.log"
+        run.log_offset = log_path.stat().st_size if log_path.exists() else 0
+        has_run_before = run.record.last_state is not None or isinstance(
+            run.record.state, Terminated
+        )
+        restart_count = run.record.restart_count + (1 if has_run_before else 0)
+        last_state = (
+            run.record.state if isinstance(run.record.state, Terminated) else run.record.last_state
+        )
+        started_at = utc_now()
+        try:
+            run.child = spawn_child(
+                argv,
+                env=run.env,
+                cwd=self.folder,
+                log_path=log_path,
+                ledger=self.ledger,
+                owner=f"{pod_key(pod)}/{name}",
+            )
+        except (OSError, subprocess.SubprocessError) as error:
+            run.record = replace(run.record, restart_count=restart_count, last_state=last_state)
+            self._record_exit(run, 128, started_at=started_at, start_error=str(error))
+            return
+        log.info("%s/%s started as pid %d: %s", pod_key(pod), name, run.child.pid, argv)
+        run.readiness = self._tracker(run.spec, "readinessProbe")
+        run.startup = self._tracker(run.spec, "startupProbe")
+        run.record = replace(
+            run.record,
+            state=Running(started_at),
+            last_state=last_state,
+            restart_count=restart_count,
+            ready=run.readiness is None and run.startup is None,
+            started=run.startup is None,
+            container_id=f"process://{run.child.pid}",
+        )
+
+    @staticmethod
+    def _tracker(container: Container, which: str) -> ProbeTracker | None:
+        spec = probe_spec(container, which)
+        return ProbeTracker(spec) if spec is not None else None
+
+    def _probe(self, run: ContainerRun) -> None:
+        assert run.child is not None
+        alive_for = time.monotonic() - run.child.started_monotonic
+        started = run.record.started
+        startup = run.startup
+        if startup is not None and not started and alive_for >= startup.spec.initial_delay_seconds:
+            started = startup.record(run_probe(startup.spec, run.port, run.env, self.folder))
+        ready = run.record.ready
+        if started and run.readiness is not None:
+            if alive_for >= run.readiness.spec.initial_delay_seconds:
+                ready = run.readiness.record(
+                    run_probe(run.readiness.spec, run.port, run.env, self.folder)
+                )
+        elif started:
+            ready = True
+        run.record = replace(run.record, started=started, ready=ready)
+
+    def _record_exit(
+        self,
+        run: ContainerRun,
+        exit_code: int,
+        started_at: str = "",
+        start_error: str = "",
+        may_restart: bool = True,
+    ) -> None:
+        pod = self.pod
+        name = run.spec["name"]
+        ran_for = 0.0
+        if run.child is not None:
+            ran_for = time.monotonic() - run.child.started_monotonic
+            reap_child(run.child, self.ledger)
+            log.info("%s/%s (pid %d) exited with %d", pod_key(pod), name, run.child.pid, exit_code)
+            run.child = None
+        if start_error:
+            reason, message = ContainerReason.START_ERROR, start_error
+        else:
+            reason = exit_reason(exit_code)
+            message = termination_message(
+                run.spec,
+                _read_text(self.folder / f"{name}.termination-log"),
+                exit_code,
+                _read_text(self.folder / f"{name}.log", run.log_offset),
+            )
+        state = run.record.state
+        ended = Terminated(
+            exit_code=exit_code,
+            reason=reason,
+            message=message,
+            started_at=started_at or (state.started_at if isinstance(state, Running) else ""),
+            finished_at=utc_now(),
+            container_id=run.record.container_id,
+        )
+        run.record = replace(run.record, state=ended, ready=False, started=False)
+        policy = pod["spec"].get("restartPolicy") or "Always"
+        run.wants_run = may_restart and should_restart(policy, exit_code)
+        if not run.wants_run:
+            return
+        run.consecutive_crashes = (
+            1 if ran_for > BACKOFF_RESET_AFTER_SECONDS else run.consecutive_crashes + 1
+        )
+        delay = restart_backoff_seconds(run.consecutive_crashes)
+        run.start_at = time.monotonic() + delay
+        run.record = replace(
+            run.record,
+            state=Waiting(
+                ContainerReason.CRASH_LOOP_BACK_OFF, crash_loop_message(pod, name, delay)
+            ),
+            last_state=ended,
+            restart_count=run.record.restart_count,
+        )
+
+    def _publish(self) -> None:
+        """Write the status when it changed, and the scrape targets while the pod runs."""
+        if self._frozen:
+            return
+        records = [run.record for run in self._runs]
+        pod = self.pod
+        owned = build_pod_status(pod, records, self._start_time)
+        if owned["phase"] == "Running":
+            groups = build_scrape_target_groups(
+                pod, {run.spec["name"]: run.port for run in self._runs}
+            )
+            if groups:
+                self.targets.write(pod, groups)
+        else:
+            self.targets.remove(pod)
+        self._write_status(owned)
+
+    def _write_status(self, owned: Mapping[str, Any]) -> None:
+        for _ in range(5):
+            pod = self.pod
+            current = pod.get("status") or {}
+            merged = merge_pod_status(current, owned, utc_now())
+            if not status_differs(current, merged):
+                return
+            try:
+                try:
+                    patched = self.api.patch_pod_status(pod, merged)
+                except StatusConflictError:
+                    fresh = self.api.read_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
+                    if fresh["metadata"]["uid"] != pod["metadata"]["uid"]:
+                        raise PodGoneError(pod_key(pod)) from None
+                    self.observe(fresh)
+                    continue
+            except PodGoneError:
+                self._gone = True
+                return
+            self.observe(patched)
+            return
+        log.warning("status of %s kept conflicting; trying again later", pod_key(self.pod))
+
+    def _stop_all(self, grace: float) -> None:
+        for run in self._runs:
+            if run.child is not None:
+                exit_code = stop_child(run.child, grace, self.ledger)
+                log.info(
+                    "%s/%s (pid %d) stopped, exit code %d",
+                    pod_key(self.pod),
+                    run.spec["name"],
+                    run.child.pid,
+                    exit_code,
+                )
+                self._record_exit(run, exit_code, may_restart=False)
+
+    def _finish_deletion(self) -> None:
+        """The pod has a deletionTimestamp: stop its processes, then delete it for good.
+
+        No final status is written: the pod disappears at once, as KWOK's own pods do.
+        """
+        pod = self.pod
+        self._stop_all(grace=stop_grace_seconds(pod))
+        self.targets.remove(pod)
+        log.info("deleting pod %s (grace 0)", pod_key(pod))
+        for attempt in range(30):
+            try:
+                self.api.delete_pod_now(pod)
+                return
+            except Exception as error:
+                log.warning("deleting %s failed (%s), attempt %d", pod_key(pod), error, attempt)
+                time.sleep(2.0)
+
+
+def _read_text(path: Path, offset: int = 0) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# --- All pods -------------------------------------------------------------------------------
+
+
+class ProcessKubelet:
+    """Watches pods and keeps one PodWorker per local-process pod."""
+
+    def __init__(self, api: PodApi, run_dir: Path, sd_dir: Path) -> None:
+        self.api = api
+        self.pods_dir = run_dir / "pods"
+        self.pods_dir.mkdir(parents=True, exist_ok=True)
+        self.targets = ScrapeTargetFiles(sd_dir)
+        self.ledger = PidLedger(run_dir / "pids")
+        self.ports = PortAllocator()
+        self.workers: dict[str, PodWorker] = {}
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+
+    def observe(self, event_type: str, pod: Pod) -> None:
+        """Act on one watch event (or one listed pod, as ADDED)."""
+        uid = (pod.get("metadata") or {}).get("uid")
+        if not uid:
+            return
+        with self._lock:
+            worker = self.workers.get(uid)
+            if event_type == "DELETED":
+                if worker is not None:
+                    worker.gone()
+                    del self.workers[uid]
+                return
+            if worker is not None:
+                worker.observe(pod)
+            elif is_local_process_pod(pod) and not self.stopping.is_set():
+                worker = PodWorker(
+                    pod,
+                    api=self.api,
+                    pods_dir=self.pods_dir,
+                    targets=self.targets,
+                    ledger=self.ledger,
+                    ports=self.ports,
+                )
+                self.workers[uid] = worker
+                worker.start()
+
+    def resync(self, pods: list[Pod]) -> None:
+        """After a (re)list: forget workers whose pods are gone, observe the rest."""
+        present = {pod["metadata"]["uid"] for pod in pods}
+        with self._lock:
+            for uid in [uid for uid in self.workers if uid not in present]:
+                self.workers.pop(uid).gone()
+        for pod in pods:
+            self.observe("ADDED", pod)
+
+    def watch_forever(self) -> None:
+        """List, then watch from there; list again after any watch error."""
+        while not self.stopping.is_set():
+            try:
+                pods, version = self.api.list_pods()
+                self.resync(pods)
+                while not self.stopping.is_set():
+                    for event_type, pod in self.api.watch_pods(version):
+                        version = (pod.get("metadata") or {}).get("resourceVersion") or version
+                        if event_type != "BOOKMARK":
+                            self.observe(event_type, pod)
+            except Exception as error:
+                if not self.stopping.is_set():
+                    log.warning("pod watch failed (%s); listing again", error)
+                    self.stopping.wait(2.0)
+
+    def stop(self) -> None:
+        """Stop every pod's processes (pods stay as they are) and wait for the workers."""
+        self.stopping.set()
+        with self._lock:
+            workers = list(self.workers.values())
+        for worker in workers:
+            worker.shutdown()
+        deadline = time.monotonic() + SHUTDOWN_JOIN_SECONDS
+        for worker in workers:
+            worker.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+# --- Command line --------------------------------------------------------------------------
+
+
+def _hold_run_dir(run_dir: Path) -> int:
+    """Lock the run folder so two process kubelets never share (and clean up) one."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(run_dir / "process-kubelet.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit(f"process kubelet: another instance is using {run_dir}")
+    return descriptor
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m testbed.process_kubelet", description=__doc__)
+    parser.add_argument("--kubeconfig", required=True, type=Path)
+    parser.add_argument("--run-dir", required=True, type=Path, help="pod folders, pid records")
+    parser.add_argument("--sd-dir", required=True, type=Path, help="Prometheus file-SD folder")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s: %(message)s"
+    )
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+
+    _hold_run_dir(args.run_dir)
+    leftovers = PidLedger(args.run_dir / "pids").kill_leftovers()
+    if leftovers:
+        log.info("killed %d children left by a previous instance: %s", len(leftovers), leftovers)
+
+    api_client = new_client_from_config(config_file=str(args.kubeconfig))
+    kubelet = ProcessKubelet(KubePodApi(api_client), args.run_dir, args.sd_dir)
+
+    def request_stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        kubelet.stopping.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    watcher = threading.Thread(target=kubelet.watch_forever, name="pod watch", daemon=True)
+    watcher.start()
+    log.info("process kubelet up (pid %d), run dir %s", os.getpid(), args.run_dir)
+    while not kubelet.stopping.wait(3600):
+        pass
+    kubelet.stop()
+    log.info("process kubelet stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

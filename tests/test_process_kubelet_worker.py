@@ -1,0 +1,275 @@
+"""The process kubelet against a stand-in API server: real local processes, no cluster."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.process_children import PidLedger, read_identity, spawn_child
+from testbed.process_kubelet import PodGoneError, ProcessKubelet
+
+SERVER = textwrap.dedent(
+    """
+    import http.server, os
+    hits = 0
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            global hits
+            hits += 1
+            pages = {"/health": b"ok\\n", "/metrics": b"demo_requests_total %d\\n" % hits}
+            body = pages.get(self.path)
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+        def log_message(self, *args):
+            pass
+    host, port = os.environ["SPECDEPLOY_HOST"], int(os.environ["SPECDEPLOY_PORT"])
+    http.server.HTTPServer((host, port), Handler).serve_forever()
+    """
+)
+
+
+class FakePodApi:
+    """Keeps pods in memory; a status patch replaces the status, as a merge patch would."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.deleted: list[str] = []
+        self.lock = threading.Lock()
+        self.version = 1
+
+    def add(self, pod: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            self.version += 1
+            pod["metadata"]["resourceVersion"] = str(self.version)
+            self.pods[pod["metadata"]["name"]] = pod
+            return copy.deepcopy(pod)
+
+    def status_of(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            return copy.deepcopy(self.pods[name].get("status") or {})
+
+    def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+        with self.lock:
+            return [copy.deepcopy(p) for p in self.pods.values()], str(self.version)
+
+    def watch_pods(self, resource_version: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        return iter(())
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        with self.lock:
+            if name not in self.pods:
+                raise PodGoneError(name)
+            return copy.deepcopy(self.pods[name])
+
+    def patch_pod_status(self, pod: dict[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+        name = pod["metadata"]["name"]
+        with self.lock:
+            if name not in self.pods:
+                raise PodGoneError(name)
+            stored = self.pods[name]
+            self.version += 1
+            stored["metadata"]["resourceVersion"] = str(self.version)
+            stored["status"] = json.loads(json.dumps(status))
+            return copy.deepcopy(stored)
+
+    def delete_pod_now(self, pod: dict[str, Any]) -> None:
+        with self.lock:
+            self.pods.pop(pod["metadata"]["name"], None)
+            self.deleted.append(pod["metadata"]["name"])
+
+    def read_object_data(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        return None
+
+
+def local_pod(name: str, container: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": f"uid-{name}",
+            "labels": {"specdeploy.dev/revision": "abc123"},
+            "annotations": {"specdeploy.dev/local-process": "true"},
+        },
+        "spec": {"nodeName": "gpu-node-1", "containers": [container], **spec},
+        "status": {"phase": "Pending"},
+    }
+
+
+def wait_for(check: Callable[[], Any], seconds: float = 20.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {seconds}s")
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[tuple[ProcessKubelet, FakePodApi, Path]]:
+    api = FakePodApi()
+    sd_dir = tmp_path / "sd"
+    instance = ProcessKubelet(api, tmp_path / "run", sd_dir)
+    yield instance, api, sd_dir
+    instance.stop()
+
+
+def condition(status: dict[str, Any], type_: str) -> str | None:
+    return next((c["status"] for c in status.get("conditions") or [] if c["type"] == type_), None)
+
+
+def test_server_pod_gets_ready_registered_and_stopped_on_delete(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    instance, api, sd_dir = kubelet
+    container = {
+        "name": "web",
+        "image": "none",
+        "command": [sys.executable, "-c", SERVER],
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
+    }
+    instance.observe("ADDED", api.add(local_pod("web", container)))
+
+    status = wait_for(lambda: (s := api.status_of("web")) and condition(s, "Ready") == "True" and s)
+    assert status["phase"] == "Running"
+    assert status["podIP"] == "127.0.0.1"
+    web = status["containerStatuses"][0]
+    assert web["ready"] is True
+    assert "running" in web["state"]
+    pid = int(web["containerID"].removeprefix("process://"))
+
+    (group,) = json.loads((sd_dir / "team-a_web_uid-web.json").read_text())
+    assert group["labels"]["specdeploy_dev_revision"] == "abc123"
+    assert group["labels"]["pod"] == "web"
+    target = group["targets"][0]
+    with urllib.request.urlopen(f"http://{target}/metrics", timeout=5) as response:
+        assert response.read().startswith(b"demo_requests_total")
+
+    deleting = api.read_pod("team-a", "web")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    deleting["metadata"]["deletionGracePeriodSeconds"] = 5
+    instance.observe("MODIFIED", deleting)
+    wait_for(lambda: "web" in api.deleted)
+    assert read_identity(pid) is None
+    assert not (sd_dir / "team-a_web_uid-web.json").exists()
+
+
+def test_exit_code_and_termination_message_land_in_status(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    instance, api, _ = kubelet
+    script = (
+        "import os, sys; "
+        "path = os.environ['SPECDEPLOY_TERMINATION_LOG']; "
+        "open(path, 'w').write('pair refused: vocab differs\\n'); "
+        "sys.exit(3)"
+    )
+    container = {"name": "engine", "image": "none", "command": [sys.executable, "-c", script]}
+    instance.observe("ADDED", api.add(local_pod("refused", container, restartPolicy="Never")))
+
+    status = wait_for(lambda: (s := api.status_of("refused")).get("phase") == "Failed" and s)
+    terminated = status["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 3
+    assert terminated["reason"] == "Error"
+    assert terminated["message"] == "pair refused: vocab differs\n"
+    assert condition(status, "Ready") == "False"
+
+
+def test_crashing_container_enters_crash_loop_back_off(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    instance, api, _ = kubelet
+    container = {"name": "engine", "image": "none", "command": ["false"]}
+    instance.observe("ADDED", api.add(local_pod("crash", container)))
+
+    def backing_off() -> dict[str, Any] | None:
+        statuses = api.status_of("crash").get("containerStatuses") or []
+        waiting = statuses[0]["state"].get("waiting", {}) if statuses else {}
+        return statuses[0] if waiting.get("reason") == "CrashLoopBackOff" else None
+
+    engine = wait_for(backing_off)
+    assert engine["lastState"]["terminated"]["exitCode"] == 1
+    assert api.status_of("crash")["phase"] == "Running"
+
+
+def test_missing_program_is_a_start_error(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    instance, api, _ = kubelet
+    container = {"name": "engine", "image": "none", "command": ["/nonexistent/engine"]}
+    instance.observe("ADDED", api.add(local_pod("missing", container, restartPolicy="Never")))
+    status = wait_for(lambda: (s := api.status_of("missing")).get("phase") == "Failed" and s)
+    terminated = status["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (128, "StartError")
+
+
+def test_leftovers_of_a_previous_instance_are_killed_and_nothing_else(tmp_path: Path) -> None:
+    ledger = PidLedger(tmp_path / "pids")
+    ours = spawn_child(
+        ["sleep", "300"],
+        env=os.environ,
+        cwd=tmp_path,
+        log_path=tmp_path / "a.log",
+        ledger=ledger,
+        owner="team-a/x/engine",
+    )
+    stranger = subprocess.Popen(["sleep", "301"])
+    try:
+        identity = read_identity(stranger.pid)
+        assert identity is not None
+        ledger.record(identity, ["sleep", "999"], owner="team-a/y/engine")  # other command line
+
+        killed = PidLedger(tmp_path / "pids").kill_leftovers()
+        assert killed == [ours.pid]
+        ours.popen.wait(timeout=5)
+        assert stranger.poll() is None
+        assert not list((tmp_path / "pids").glob("*.json"))
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_children_die_with_the_process_kubelet(tmp_path: Path) -> None:
+    # A stand-in process kubelet that starts one child and reports its pid, then is killed.
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import os, sys, time
+                from pathlib import Path
+                from testbed.process_children import PidLedger, spawn_child
+                folder = Path({str(tmp_path)!r})
+                child = spawn_child(["sleep", "300"], env=os.environ, cwd=folder,
+                                    log_path=folder / "c.log", ledger=PidLedger(folder / "pids"),
+                                    owner="x")
+                print(child.pid, flush=True)
+                time.sleep(300)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert parent.stdout is not None
+    child_pid = int(parent.stdout.readline())
+    assert read_identity(child_pid) is not None
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    wait_for(lambda: read_identity(child_pid) is None, seconds=5)
