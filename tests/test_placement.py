@@ -5,30 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from specdeploy.api.conditions import Reason
-from specdeploy.api.config import OperatorConfig
-from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
-from specdeploy.plan.placement import decide_speculation, describe_shortage, judge_admission
+from specdeploy.plan.placement import describe_shortage, judge_admission
 
-CONFIG = OperatorConfig.model_validate({"batchQueues": ["batch"]})
 PENDING = (
     "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in "
     "flavor h100, 4 more needed"
 )
-
-
-def spec(queue: str | None, speculation: str = "Auto", method: str = "eagle3") -> Spec:
-    draft: dict[str, Any] = {"method": method}
-    if method != "none":
-        draft.update(model="org/head", numSpeculativeTokens=3)
-    placement: dict[str, Any] = {"speculation": speculation}
-    if queue:
-        placement["queue"] = queue
-    return Spec.model_validate(
-        {
-            "pair": {"version": "1", "target": {"model": "org/t"}, "draft": draft},
-            "placement": placement,
-        }
-    )
 
 
 def pod(name: str, gated: bool) -> dict[str, Any]:
@@ -57,29 +39,6 @@ def workload(
 
 
 LOCAL_QUEUE = {"metadata": {"name": "interactive"}, "spec": {"clusterQueue": "gpu-cq"}}
-
-
-def test_auto_speculates_on_interactive_queues() -> None:
-    decision = decide_speculation(spec("interactive"), CONFIG)
-    assert decision.enabled
-    assert decision.effective_spec.pair.draft.method == "eagle3"
-    assert decision.status.reason == Reason.SPECULATION_ENABLED
-
-
-def test_auto_serves_the_target_alone_on_batch_queues_and_says_why() -> None:
-    decision = decide_speculation(spec("batch"), CONFIG)
-    assert not decision.enabled
-    assert decision.effective_spec.pair.draft.method == "none"
-    assert decision.effective_spec.pair.draft.model is None
-    assert decision.status.reason == Reason.SPECULATION_DISABLED_BATCH_QUEUE
-    assert "batch" in decision.status.message
-
-
-def test_explicit_policies_win_over_the_queue() -> None:
-    assert decide_speculation(spec("batch", "On"), CONFIG).enabled
-    off = decide_speculation(spec("interactive", "Off"), CONFIG)
-    assert off.status.reason == Reason.SPECULATION_DISABLED_BY_SPEC
-    assert decide_speculation(spec(None, method="none"), CONFIG).status.reason == Reason.NO_DRAFT
 
 
 def test_admitted_without_a_queue() -> None:

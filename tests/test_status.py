@@ -37,4 +37,5 @@ def test_status_patch_is_empty_when_nothing_changed() -> None:
     assert status_patch(current, {"phase": "Progressing", "replicas": 2}) == {
         "phase": "Progressing"
     }
-    assert status_patch(current, {"phase": "Serving"}) == {"replicas": None}
+    assert status_patch(current, {"phase": "Serving", "replicas": None}) == {"replicas": None}
+    assert status_patch(current, {"sizing": None}) == {}

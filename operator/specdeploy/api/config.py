@@ -77,6 +77,18 @@ class OperatorConfig(ApiModel):
     namespaces: list[str] = Field(
         default_factory=list, description="Namespaces to watch; empty means all."
     )
+    reconcile_interval_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Period of the level-based reconcile of every SpeculativeDeployment.",
+    )
+    model_config_url: str = Field(
+        default="https://huggingface.co/{model}/resolve/{revision}/config.json",
+        description=(
+            "Where config.json of a model outside the shipped catalog is read, for sizing; "
+            "{model} and {revision} are filled in."
+        ),
+    )
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None) -> OperatorConfig:

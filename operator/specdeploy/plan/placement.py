@@ -1,4 +1,6 @@
-"""Kueue placement as pure functions: the speculation policy per queue, and the Admitted condition.
+"""Kueue placement as a pure function: the Admitted condition.
+
+The speculation policy per queue lives in `specdeploy.plan.speculation`.
 
 Kueue gates each pod with the scheduling gate `kueue.x-k8s.io/admission` until its Workload is
 admitted. A pending Workload's QuotaReserved condition says what the ClusterQueue lacks
@@ -10,13 +12,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from specdeploy.api.conditions import ConditionType, Reason
-from specdeploy.api.config import OperatorConfig
-from specdeploy.api.models import DraftSpec, SpeculationStatus
-from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
 from specdeploy.plan.status import ConditionUpdate
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
@@ -24,61 +22,6 @@ QUOTA_SHORTAGE = re.compile(
     r"insufficient unused quota for (?P<resource>\S+) in flavor (?P<flavor>\S+), "
     r"(?P<amount>\S+) more needed"
 )
-
-
-@dataclass(frozen=True)
-class SpeculationDecision:
-    """Whether the pods speculate, and the spec they are built from."""
-
-    effective_spec: Spec
-    status: SpeculationStatus
-
-    @property
-    def enabled(self) -> bool:
-        return self.status.state == "On"
-
-
-def decide_speculation(spec: Spec, config: OperatorConfig) -> SpeculationDecision:
-    """Applies the speculation policy: On, Off, or Auto (off on the configured batch queues).
-
-    When speculation is off the effective spec serves the target alone (draft method none), so
-    the pods form a revision of their own and never half-speculate.
-    """
-    draft = spec.pair.draft
-    queue = spec.placement.queue
-    policy = spec.placement.speculation
-    if draft.method == "none":
-        return SpeculationDecision(
-            spec, SpeculationStatus(state="Off", reason=Reason.NO_DRAFT, message="no draft")
-        )
-    if policy == "Off":
-        reason, message = Reason.SPECULATION_DISABLED_BY_SPEC, "spec.placement.speculation: Off"
-    elif policy == "Auto" and queue is not None and queue in config.batch_queues:
-        reason = Reason.SPECULATION_DISABLED_BATCH_QUEUE
-        message = (
-            f"queue {queue} is a batch queue: speculation pays at low concurrency only, "
-            f"so the target serves alone"
-        )
-    else:
-        why = (
-            "spec.placement.speculation: On"
-            if policy == "On"
-            else (f"queue {queue} is interactive" if queue else "no queue; speculation Auto")
-        )
-        return SpeculationDecision(
-            spec,
-            SpeculationStatus(
-                state="On",
-                reason=Reason.SPECULATION_ENABLED,
-                message=f"{draft.method} with {draft.num_speculative_tokens} tokens ({why})",
-            ),
-        )
-    plain = spec.model_copy(
-        update={"pair": spec.pair.model_copy(update={"draft": DraftSpec(method="none")})}
-    )
-    return SpeculationDecision(
-        plain, SpeculationStatus(state="Off", reason=reason, message=message)
-    )
 
 
 def is_gated(pod: Mapping[str, Any]) -> bool:

@@ -1,4 +1,4 @@
-"""Status transitions as pure functions: conditions, phase, and whether status changed at all.
+"""Status as pure functions: conditions, phase, the status a reconcile writes, and its patch.
 
 A condition keeps its lastTransitionTime while its status stays the same, even when its reason
 or message change; `observedGeneration` always names the generation it was computed for.
@@ -10,7 +10,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdeploy.api.models import Condition, ConditionStatus
+from specdeploy.api.conditions import ConditionType, Phase, Reason, RevisionPhase
+from specdeploy.api.models import (
+    Condition,
+    ConditionStatus,
+    RevisionDraft,
+    RevisionStatus,
+    RevisionTarget,
+    SizingDecision,
+    SpeculationStatus,
+    SpeculativeDeployment,
+    SpeculativeDeploymentStatus,
+)
+from specdeploy.plan.rollout import RevisionDeployment, RolloutPlan
 
 
 @dataclass(frozen=True)
@@ -88,17 +100,192 @@ def find_condition(conditions: Sequence[Condition], type_: str) -> Condition | N
 
 
 def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
-    """The merge patch that turns `current` status into `desired`; empty when nothing changed.
+    """The merge patch that turns the keys of `desired` in `current` into their desired values.
 
-    Keys present in `current` but absent from `desired` are set to None (removed), except the
-    ones kopf keeps for itself (`kopf`).
+    Empty when nothing changed, so a steady reconcile writes nothing. A None value removes the
+    key; keys `desired` does not mention (other writers' fields, kopf's own) are left alone.
     """
     current = dict(current or {})
-    patch: dict[str, Any] = {}
-    for key, value in desired.items():
-        if current.get(key) != value:
-            patch[key] = value
-    for key in current:
-        if key not in desired and key != "kopf":
-            patch[key] = None
-    return patch
+    return {key: value for key, value in desired.items() if current.get(key) != value}
+
+
+@dataclass(frozen=True)
+class ObservedRollout:
+    """What a reconcile saw and decided, the inputs of the status it writes."""
+
+    sizing: SizingDecision | None
+    sizing_problem: str | None
+    speculation: SpeculationStatus
+    desired_revision: str | None
+    plan: RolloutPlan
+    revisions: Sequence[RevisionDeployment]
+    admission: ConditionUpdate
+    selector: str
+
+
+def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> ConditionUpdate:
+    desired = next((r for r in seen.revisions if r.revision == seen.desired_revision), None)
+    replicas = sd.spec.replicas
+    if seen.desired_revision is None:
+        return ConditionUpdate(
+            ConditionType.READY, "False", Reason.UNSCHEDULABLE, seen.sizing_problem or ""
+        )
+    if seen.plan.desired_ready and seen.plan.stable_revision == seen.desired_revision:
+        if replicas == 0:
+            return ConditionUpdate(
+                ConditionType.READY, "True", Reason.SCALED_TO_ZERO, "spec.replicas is 0"
+            )
+        return ConditionUpdate(
+            ConditionType.READY,
+            "True",
+            Reason.ALL_REPLICAS_READY,
+            f"{replicas}/{replicas} pods of revision {seen.desired_revision} ready",
+        )
+    ready = desired.ready_replicas if desired else 0
+    if seen.admission.status == "False":
+        return ConditionUpdate(
+            ConditionType.READY, "False", Reason.WAITING_FOR_QUOTA, seen.admission.message
+        )
+    return ConditionUpdate(
+        ConditionType.READY,
+        "False",
+        Reason.REPLICAS_NOT_READY,
+        f"{ready}/{replicas} pods of revision {seen.desired_revision} ready",
+    )
+
+
+def _progressing_update(seen: ObservedRollout) -> ConditionUpdate:
+    if seen.desired_revision is None:
+        return ConditionUpdate(
+            ConditionType.PROGRESSING, "False", Reason.UNSCHEDULABLE, seen.sizing_problem or ""
+        )
+    if seen.plan.desired_ready and seen.plan.stable_revision == seen.desired_revision:
+        return ConditionUpdate(
+            ConditionType.PROGRESSING,
+            "False",
+            Reason.ROLLOUT_COMPLETE,
+            f"revision {seen.desired_revision} serves",
+        )
+    serving = seen.plan.stable_revision
+    beside = f" alongside revision {serving}" if serving else ""
+    return ConditionUpdate(
+        ConditionType.PROGRESSING,
+        "True",
+        Reason.NEW_REVISION,
+        f"rolling out revision {seen.desired_revision}{beside}",
+    )
+
+
+def _phase(ready: ConditionUpdate, seen: ObservedRollout) -> str:
+    if ready.status == "True":
+        return Phase.SERVING
+    if seen.desired_revision is None:
+        return Phase.DEGRADED if seen.plan.stable_revision else Phase.FAILED
+    if seen.admission.status == "False" and not seen.plan.stable_revision:
+        return Phase.PENDING
+    return Phase.PROGRESSING
+
+
+def _revision_history(seen: ObservedRollout, history_limit: int) -> list[RevisionStatus]:
+    records: list[RevisionStatus] = []
+    for revision in sorted(seen.revisions, key=lambda r: (r.created, r.name)):
+        pair = revision.pair
+        target = pair.get("target") or {}
+        draft = pair.get("draft") or {}
+        if revision.revision == seen.plan.stable_revision:
+            phase = RevisionPhase.STABLE
+        elif revision.revision == seen.desired_revision:
+            phase = RevisionPhase.PENDING
+        else:
+            phase = RevisionPhase.SUPERSEDED
+        records.append(
+            RevisionStatus(
+                revision=revision.revision,
+                pair_version=revision.pair_version or str(pair.get("version", "")),
+                target=RevisionTarget(
+                    model=str(target.get("model", "")), revision=target.get("revision")
+                ),
+                draft=RevisionDraft(
+                    method=str(draft.get("method", "none")),
+                    model=draft.get("model"),
+                    revision=draft.get("revision"),
+                ),
+                phase=phase,
+                created_at=revision.created or None,
+            )
+        )
+    return records[-(history_limit + 1) :]
+
+
+def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> dict[str, Any]:
+    """The status fields this reconcile owns, as the API stores them (camelCase JSON).
+
+    Fields other parts of the operator own (acceptance rate, canary) are not included, so a
+    merge patch of this never touches them.
+    """
+    current = sd.status or SpeculativeDeploymentStatus()
+    generation = sd.metadata.generation
+    if seen.sizing is not None:
+        sized = ConditionUpdate(ConditionType.SIZED, "True", Reason.SIZED, seen.sizing.message)
+    else:
+        sized = ConditionUpdate(
+            ConditionType.SIZED, "False", Reason.UNSCHEDULABLE, seen.sizing_problem or ""
+        )
+    ready = _ready_update(sd, seen)
+    speculating = ConditionUpdate(
+        ConditionType.SPECULATING,
+        "True" if seen.speculation.state == "On" else "False",
+        seen.speculation.reason,
+        seen.speculation.message,
+    )
+    conditions = set_conditions(
+        current.conditions,
+        [ready, _progressing_update(seen), sized, seen.admission, speculating],
+        generation,
+        now,
+    )
+    pods = sum(r.pods for r in seen.revisions)
+    ready_pods = sum(r.ready_replicas for r in seen.revisions)
+    status = SpeculativeDeploymentStatus(
+        observed_generation=generation,
+        phase=_phase(ready, seen),
+        conditions=conditions,
+        stable_revision=seen.plan.stable_revision,
+        revisions=_revision_history(seen, sd.spec.revision_history_limit),
+        speculation=seen.speculation,
+        sizing=seen.sizing,
+        replicas=pods,
+        ready_replicas=ready_pods,
+        selector=seen.selector,
+    )
+    dumped = status.model_dump(by_alias=True, exclude_none=False, mode="json")
+    owned = (
+        "observedGeneration",
+        "phase",
+        "conditions",
+        "stableRevision",
+        "revisions",
+        "speculation",
+        "sizing",
+        "replicas",
+        "readyReplicas",
+        "selector",
+    )
+    return {key: _drop_none(dumped[key]) for key in owned}
+
+
+def _drop_none(value: Any) -> Any:
+    """Removes None members inside objects, as the API server would not store them."""
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def condition_changes(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """Conditions in `after` whose status or reason differ from `before` (or that are new)."""
+    old = {c.get("type"): (c.get("status"), c.get("reason")) for c in before}
+    return [c for c in after if old.get(c.get("type")) != (c.get("status"), c.get("reason"))]
