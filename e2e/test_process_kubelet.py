@@ -1,0 +1,211 @@
+"""The process kubelet on the real test-bed cluster: a local-process pod runs, becomes Ready,
+is scraped by Prometheus under the pod's labels, reports its exit, and stops when deleted."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from testbed import ClusterEnv
+from testbed.process_children import read_identity
+
+pytestmark = pytest.mark.e2e
+
+T = TypeVar("T")
+
+REVISION = "e2e0000001"
+
+# A tiny server: /health for the readiness probe, /metrics with a counter. It binds to the
+# address given on its command line, `$(SPECDEPLOY_HOST) $(SPECDEPLOY_PORT)` in the pod spec.
+SERVER = textwrap.dedent(
+    """
+    import http.server, sys
+    hits = 0
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            global hits
+            hits += 1
+            pages = {"/health": b"ok\\n", "/metrics": b"demo_requests_total %d\\n" % hits}
+            body = pages.get(self.path)
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+        def log_message(self, *args):
+            pass
+    http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), Handler).serve_forever()
+    """
+)
+
+REFUSE = (
+    "import os, sys; "
+    "open(os.environ['SPECDEPLOY_TERMINATION_LOG'], 'w').write('pair refused: e2e\\n'); "
+    "sys.exit(3)"
+)
+
+
+def wait_for(what: str, check: Callable[[], T | None], seconds: float = 90.0) -> T:
+    """Poll `check` until it returns something truthy; fail naming `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+        except (ApiException, OSError) as error:
+            last_error, result = error, None
+        if result:
+            return result
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what} ({last_error})")
+
+
+@pytest.fixture
+def core(cluster: ClusterEnv, k8s_api: client.ApiClient) -> client.CoreV1Api:
+    """The core API, on the local test bed only: elsewhere a real kubelet runs the pods."""
+    if not cluster.run_dir:
+        pytest.skip("the process kubelet runs only in the local test bed")
+    return client.CoreV1Api(k8s_api)
+
+
+def local_pod(name: str, container: dict[str, Any], **spec: Any) -> client.V1Pod:
+    return client.V1Pod.model_validate(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "labels": {"specdeploy.dev/name": "pk-demo", "specdeploy.dev/revision": REVISION},
+                "annotations": {"specdeploy.dev/local-process": "true"},
+            },
+            "spec": {
+                "tolerations": [{"operator": "Exists"}],
+                "terminationGracePeriodSeconds": 5,
+                "containers": [{"image": "specdeploy.dev/not-pulled:local", **container}],
+                **spec,
+            },
+        }
+    )
+
+
+def read_pod(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, Any]:
+    response: Any = core.read_namespaced_pod(name, namespace, _preload_content=False)
+    pod: dict[str, Any] = json.loads(response.data)
+    return pod
+
+
+def pod_when(
+    core: client.CoreV1Api, namespace: str, name: str, predicate: Callable[[dict[str, Any]], bool]
+) -> Callable[[], dict[str, Any] | None]:
+    """A check for wait_for: the pod once `predicate` holds for it."""
+
+    def check() -> dict[str, Any] | None:
+        pod = read_pod(core, namespace, name)
+        return pod if predicate(pod) else None
+
+    return check
+
+
+def condition(pod: dict[str, Any], type_: str) -> str | None:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return next((c.get("status") for c in conditions if c.get("type") == type_), None)
+
+
+def prometheus_series(url: str, query: str) -> list[dict[str, Any]]:
+    address = f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    with urllib.request.urlopen(address, timeout=5) as response:
+        body = json.loads(response.read())
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+def test_server_pod_is_ready_scraped_with_pod_labels_and_stopped_on_delete(
+    core: client.CoreV1Api, namespace: str, prometheus_url: str
+) -> None:
+    container = {
+        "name": "web",
+        "command": ["python3", "-c", SERVER, "$(SPECDEPLOY_HOST)", "$(SPECDEPLOY_PORT)"],
+        # What the operator writes; the process kubelet's local values win.
+        "env": [
+            {"name": "SPECDEPLOY_HOST", "value": "0.0.0.0"},
+            {"name": "SPECDEPLOY_PORT", "value": "8000"},
+        ],
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
+    }
+    core.create_namespaced_pod(namespace, local_pod("web", container))
+
+    pod = wait_for(
+        "pod web Ready", pod_when(core, namespace, "web", lambda p: condition(p, "Ready") == "True")
+    )
+    assert pod["status"]["phase"] == "Running"
+    assert pod["status"]["podIP"] == "127.0.0.1"
+    (web,) = pod["status"]["containerStatuses"]
+    assert web["ready"] is True
+    assert web["started"] is True
+    assert "startedAt" in web["state"]["running"]
+    pid = int(web["containerID"].removeprefix("process://"))
+    process = read_identity(pid)
+    assert process is not None, "the container's process runs on this host"
+
+    query = (
+        f'demo_requests_total{{namespace="{namespace}",pod="web",container="web",'
+        f'specdeploy_dev_revision="{REVISION}",specdeploy_dev_name="pk-demo"}}'
+    )
+    (series,) = wait_for(
+        "Prometheus to scrape the pod", lambda: prometheus_series(prometheus_url, query)
+    )
+    assert float(series["value"][1]) >= 1
+
+    core.delete_namespaced_pod("web", namespace)
+
+    def pod_gone() -> bool:
+        try:
+            read_pod(core, namespace, "web")
+        except ApiException as error:
+            return bool(error.status == 404)
+        return False
+
+    wait_for("pod web to be deleted", pod_gone, seconds=60)
+    after = read_identity(pid)
+    assert after is None or after.start_ticks != process.start_ticks, "the process was stopped"
+    wait_for(
+        "the scrape target to go",
+        lambda: (
+            not any(
+                t["labels"].get("pod") == "web" and t["labels"].get("namespace") == namespace
+                for t in _active_targets(prometheus_url)
+            )
+        ),
+        seconds=30,
+    )
+
+
+def _active_targets(url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{url}/api/v1/targets?state=active", timeout=5) as response:
+        targets: list[dict[str, Any]] = json.loads(response.read())["data"]["activeTargets"]
+    return targets
+
+
+def test_exit_code_and_termination_message_reach_the_container_status(
+    core: client.CoreV1Api, namespace: str
+) -> None:
+    container = {"name": "engine", "command": ["python3", "-c", REFUSE]}
+    core.create_namespaced_pod(namespace, local_pod("refused", container, restartPolicy="Never"))
+
+    pod = wait_for(
+        "pod refused to fail",
+        pod_when(core, namespace, "refused", lambda p: p["status"].get("phase") == "Failed"),
+    )
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 3
+    assert terminated["reason"] == "Error"
+    assert terminated["message"].strip() == "pair refused: e2e"
+    assert condition(pod, "Ready") == "False"
