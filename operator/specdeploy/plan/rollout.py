@@ -32,10 +32,12 @@ class RevisionDeployment:
     pair_version: str = ""
     pair: Mapping[str, Any] = field(default_factory=dict)
     pods: int = 0
+    # False while the Deployment controller has not yet seen the latest spec (its status is old).
+    observed: bool = True
 
     @property
     def fully_ready(self) -> bool:
-        return self.ready_replicas >= self.replicas
+        return self.observed and self.ready_replicas >= self.replicas
 
 
 def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeployment | None:
@@ -65,6 +67,8 @@ def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeploymen
         pair_version=str(labels.get(PAIR_VERSION_LABEL, "")),
         pair=pair,
         pods=int(status.get("replicas") or 0),
+        observed=int(status.get("observedGeneration") or 0)
+        >= int(metadata.get("generation") or 0),
     )
 
 

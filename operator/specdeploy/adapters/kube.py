@@ -1,0 +1,188 @@
+"""The operator's only door to the Kubernetes API: reads, server-side apply, scale, delete.
+
+Every write goes through `KubeAdapter`, which counts the non-GET requests it sends and logs each
+one (`api write: PATCH /apis/...`), so a steady cluster can be shown to receive none. Applies are
+skipped when the live object already carries the hash of the same desired manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+
+from specdeploy import GROUP, VERSION
+from specdeploy.api.models import PLURAL
+
+FIELD_MANAGER = "specdeploy"
+APPLIED_HASH_ANNOTATION = "specdeploy.dev/applied-hash"
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+KUEUE_GROUP = "kueue.x-k8s.io"
+
+log = logging.getLogger("specdeploy.kube")
+
+
+def manifest_hash(manifest: Mapping[str, Any]) -> str:
+    """A stable hash of a desired manifest, stored on the object to skip no-op applies."""
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+class KubeAdapter:
+    """Typed-enough access to the objects the operator reads and writes, as plain dicts."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self.write_requests = 0
+        self._lock = threading.Lock()
+        self._count_writes()
+        self.dynamic = DynamicClient(api_client)  # type: ignore[no-untyped-call]
+        self._has_pod_monitor: bool | None = None
+
+    @classmethod
+    def from_environment(cls) -> KubeAdapter:
+        """In-cluster credentials when running in a pod, else the KUBECONFIG context."""
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        return cls(client.ApiClient())
+
+    def _count_writes(self) -> None:
+        rest = self.api_client.rest_client
+        send = rest.request
+
+        def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            if method.upper() not in READ_METHODS:
+                with self._lock:
+                    self.write_requests += 1
+                    total = self.write_requests
+                path = url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
+                log.info("api write: %s /%s (total %d)", method.upper(), path, total)
+            return send(method, url, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+        rest.request = counted  # type: ignore[method-assign]
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+
+    def _get(self, api_version: str, kind: str, name: str, namespace: str | None) -> Any:
+        try:
+            found = self._resource(api_version, kind).get(name=name, namespace=namespace)
+        except NotFoundError:
+            return None
+        return found.to_dict()
+
+    def _list(
+        self, api_version: str, kind: str, namespace: str | None, selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        found = self._resource(api_version, kind).get(namespace=namespace, label_selector=selector)
+        items: list[dict[str, Any]] = found.to_dict().get("items") or []
+        return items
+
+    def get_speculative_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The SpeculativeDeployment as stored, or None when it is gone."""
+        found: dict[str, Any] | None = self._get(
+            f"{GROUP}/{VERSION}", "SpeculativeDeployment", name, namespace
+        )
+        return found
+
+    def list_gpu_nodes(self) -> list[dict[str, Any]]:
+        """Every Node; sizing reads the GPU ones."""
+        return self._list("v1", "Node", None)
+
+    def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self._list("apps/v1", "Deployment", namespace, selector)
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self._list("v1", "Pod", namespace, selector)
+
+    def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
+        """Kueue Workloads of the namespace; empty when Kueue is not installed."""
+        try:
+            resource = self.dynamic.resources.get(group=KUEUE_GROUP, kind="Workload")
+        except ResourceNotFoundError:
+            return []
+        items: list[dict[str, Any]] = resource.get(namespace=namespace).to_dict().get("items") or []
+        return items
+
+    def get_local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Kueue LocalQueue, or None when it (or Kueue) does not exist."""
+        try:
+            resource = self.dynamic.resources.get(group=KUEUE_GROUP, kind="LocalQueue")
+            found: dict[str, Any] = resource.get(name=name, namespace=namespace).to_dict()
+        except (ResourceNotFoundError, NotFoundError):
+            return None
+        return found
+
+    def has_pod_monitor_crd(self) -> bool:
+        """Whether the Prometheus Operator's PodMonitor kind is served (cached per process)."""
+        if self._has_pod_monitor is None:
+            try:
+                self._resource("monitoring.coreos.com/v1", "PodMonitor")
+                self._has_pod_monitor = True
+            except ResourceNotFoundError:
+                self._has_pod_monitor = False
+        return self._has_pod_monitor
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def apply(self, manifest: Mapping[str, Any], live: Mapping[str, Any] | None) -> bool:
+        """Server-side applies `manifest` as field manager `specdeploy`, unless `live` already
+        carries its hash (and, for a Deployment, its replicas). Returns whether it sent a write.
+        """
+        digest = manifest_hash(manifest)
+        if live is not None:
+            annotations = (live.get("metadata") or {}).get("annotations") or {}
+            same_replicas = (live.get("spec") or {}).get("replicas") == (
+                manifest.get("spec") or {}
+            ).get("replicas")
+            if annotations.get(APPLIED_HASH_ANNOTATION) == digest and same_replicas:
+                return False
+        body = json.loads(json.dumps(manifest))
+        body["metadata"].setdefault("annotations", {})[APPLIED_HASH_ANNOTATION] = digest
+        resource = self._resource(body["apiVersion"], body["kind"])
+        resource.server_side_apply(
+            body=body,
+            name=body["metadata"]["name"],
+            namespace=body["metadata"].get("namespace"),
+            field_manager=FIELD_MANAGER,
+            force_conflicts=True,
+        )
+        return True
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
+        """One object as a dict, or None."""
+        return self._get(api_version, kind, name, namespace)
+
+    def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        """Sets a Deployment's replicas through its scale subresource."""
+        client.AppsV1Api(self.api_client).patch_namespaced_deployment_scale(
+            name, namespace, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER
+        )
+
+    def delete_deployment(self, namespace: str, name: str) -> None:
+        """Deletes a Deployment and, in the background, its pods; gone already is fine."""
+        try:
+            client.AppsV1Api(self.api_client).delete_namespaced_deployment(
+                name, namespace, propagation_policy="Background"
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patches the SpeculativeDeployment's status subresource."""
+        client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": dict(patch)}
+        )

@@ -1,0 +1,154 @@
+"""`specdeploy operator run`: the kopf wiring around `Reconciler`.
+
+Handlers only route: create, update, resume, a periodic timer and changes of child Deployments
+all call the same level-based reconcile. kopf's finalizer and progress annotations live under
+`specdeploy.dev`. The config comes from a file (`--config PATH`) or a ConfigMap
+(`--config configmap:<namespace>/<name>`, key `config.yaml`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import kopf
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from specdeploy import GROUP, VERSION
+from specdeploy.adapters.kube import KubeAdapter
+from specdeploy.api import labels
+from specdeploy.api.config import OperatorConfig
+from specdeploy.api.models import PLURAL
+from specdeploy.handlers.reconcile import Reconciler
+
+FINALIZER = "specdeploy.dev/finalizer"
+ANNOTATION_PREFIX = "specdeploy.dev"
+CONFIGMAP_PREFIX = "configmap:"
+CONFIGMAP_KEY = "config.yaml"
+RETRY_DELAY_SECONDS = 5
+
+log = logging.getLogger("specdeploy.operator")
+
+
+def load_config(source: str | None, kube: KubeAdapter | None = None) -> OperatorConfig:
+    """The operator config from a YAML file, a ConfigMap (`configmap:<ns>/<name>`), or defaults."""
+    if not source:
+        return OperatorConfig()
+    if source.startswith(CONFIGMAP_PREFIX):
+        namespace, _, name = source.removeprefix(CONFIGMAP_PREFIX).partition("/")
+        if kube is None:
+            raise ValueError("reading a ConfigMap needs a cluster connection")
+        configmap = kube.get("v1", "ConfigMap", namespace, name)
+        if configmap is None:
+            raise ValueError(f"ConfigMap {namespace}/{name} not found")
+        text = (configmap.get("data") or {}).get(CONFIGMAP_KEY, "")
+    else:
+        text = Path(source).read_text()
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: the operator config must be a mapping")
+    return OperatorConfig.from_mapping(data)
+
+
+def post_kopf_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """Posts a Kubernetes Event about the SD through kopf's event poster."""
+    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:1024])
+
+
+def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.OperatorRegistry:
+    """The operator's handlers, each a thin route into `reconciler`."""
+    registry = kopf.OperatorRegistry()
+    resource = (GROUP, VERSION, PLURAL)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix=ANNOTATION_PREFIX
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        )
+        settings.posting.enabled = True
+        settings.posting.level = logging.WARNING
+        settings.execution.max_workers = 8
+
+    def reconcile_now(namespace: str | None, name: str | None) -> None:
+        if not namespace or not name:
+            return
+        try:
+            reconciler.reconcile(namespace, name)
+        except ApiException as error:
+            # Conflicts and API hiccups: the next attempt reads the world afresh.
+            raise kopf.TemporaryError(
+                f"API {error.status}: {error.reason}", delay=RETRY_DELAY_SECONDS
+            ) from error
+
+    @kopf.on.resume(*resource, registry=registry)
+    @kopf.on.create(*resource, registry=registry)
+    @kopf.on.update(*resource, registry=registry)
+    def on_spec(namespace: str | None, name: str | None, **_: Any) -> None:
+        reconcile_now(namespace, name)
+
+    @kopf.timer(*resource, interval=config.reconcile_interval_seconds, registry=registry)
+    def periodically(namespace: str | None, name: str | None, **_: Any) -> None:
+        reconcile_now(namespace, name)
+
+    @kopf.on.event(
+        "apps",
+        "v1",
+        "deployments",
+        labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.NAME: kopf.PRESENT},
+        registry=registry,
+    )
+    def on_child(
+        namespace: str | None, labels: Mapping[str, str], type: str | None, **_: Any
+    ) -> None:
+        # A revision Deployment changed (pods became ready, scaled, deleted): re-decide.
+        if type is None:
+            return  # the initial listing; resume handlers cover it
+        try:
+            reconciler.reconcile(namespace or "", labels.get("specdeploy.dev/name", ""))
+        except ApiException as error:
+            log.warning("reconcile after a child change failed: %s", error)
+
+    @kopf.on.delete(*resource, registry=registry)
+    def on_delete(namespace: str | None, name: str | None, **_: Any) -> None:
+        # Owner references make the garbage collector remove the children too; deleting the
+        # revision Deployments here makes the cleanup immediate and independent of it.
+        if namespace and name:
+            for revision in reconciler.revisions_of(namespace, name):
+                reconciler.kube.delete_deployment(namespace, revision.name)
+
+    return registry
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the operator until interrupted; returns the exit code."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    kube = KubeAdapter.from_environment()
+    config = load_config(getattr(args, "config", None), kube)
+    namespaces = list(getattr(args, "namespace", None) or config.namespaces)
+    reconciler = Reconciler(kube, config, post_kopf_event)
+    registry = build_registry(reconciler, config)
+    log.info(
+        "specdeploy operator: namespaces %s, reconcile every %ss",
+        namespaces or "all",
+        config.reconcile_interval_seconds,
+    )
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            standalone=True,
+        )
+    )
+    return 0
