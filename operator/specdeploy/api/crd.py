@@ -60,6 +60,9 @@ _HUB = "has(self.modelSource) && has(self.modelSource.hub)"
 class CelRule:
     """One `x-kubernetes-validations` entry.
 
+    Every rule sits on an object (never on a list or a scalar), so the API server's error
+    always reads `<error_path>: Invalid value: "object": <message>`.
+
     `path` is the dotted location in the CR ("" for the root, "spec.pair.draft", ...);
     `field_path` (relative, starting with ".") is the field the API server's error names.
     """
@@ -118,7 +121,7 @@ CEL_RULES: tuple[CelRule, ...] = (
     # A step may not speculate further than the pods were started with: k is fixed per pod.
     CelRule(
         path="spec.pair.draft",
-        rule="!has(self.schedule) || (has(self.numSpeculativeTokens)"
+        rule="self.method == 'none' || !has(self.schedule) || (has(self.numSpeculativeTokens)"
         " && self.schedule.all(s, s.tokens <= self.numSpeculativeTokens))",
         message="schedule tokens must not exceed numSpeculativeTokens",
         field_path=".schedule",
@@ -126,10 +129,11 @@ CEL_RULES: tuple[CelRule, ...] = (
     # Ranges are [previous maxBatchSize + 1, maxBatchSize]; equal or descending bounds would
     # make empty or overlapping ranges. The first range starts at 1 (schema minimum).
     CelRule(
-        path="spec.pair.draft.schedule",
-        rule="self.map(s, s.maxBatchSize).isSorted()"
-        " && self.all(s, self.exists_one(t, t.maxBatchSize == s.maxBatchSize))",
+        path="spec.pair.draft",
+        rule="!has(self.schedule) || (self.schedule.map(s, s.maxBatchSize).isSorted()"
+        " && self.schedule.all(s, self.schedule.exists_one(t, t.maxBatchSize == s.maxBatchSize)))",
         message="schedule maxBatchSize values must ascend strictly",
+        field_path=".schedule",
     ),
     # The last range ("off above") ends at maxNumSeqs, so it must be known and not below.
     CelRule(
@@ -150,9 +154,11 @@ CEL_RULES: tuple[CelRule, ...] = (
         field_path=".pair.draft.draftTensorParallelSize",
     ),
     CelRule(
-        path="spec.engine.tensorParallelSize",
-        rule="type(self) == int ? self >= 1 : self == 'auto'",
+        path="spec.engine",
+        rule="!has(self.tensorParallelSize) || (type(self.tensorParallelSize) == int"
+        " ? self.tensorParallelSize >= 1 : self.tensorParallelSize == 'auto')",
         message="tensorParallelSize must be a positive integer or auto",
+        field_path=".tensorParallelSize",
     ),
     # A MIG slice is one device with no NVLink peer: tensor parallelism needs whole GPUs.
     CelRule(
@@ -197,17 +203,19 @@ CEL_RULES: tuple[CelRule, ...] = (
         field_path=".rollout.canary.replicas",
     ),
     CelRule(
-        path="spec.engine.extraArgs",
-        rule="self.all(a, !["
+        path="spec.engine",
+        rule="!has(self.extraArgs) || self.extraArgs.all(a, !["
         + ", ".join(f"'{flag}'" for flag in OPERATOR_OWNED_FLAGS)
         + "].exists(f, a == f || a.startsWith(f + '=')))",
         message="extraArgs must not set flags the operator sets: "
         + ", ".join(OPERATOR_OWNED_FLAGS),
+        field_path=".extraArgs",
     ),
     CelRule(
-        path="spec.engine.env",
-        rule="self.all(e, !e.name.startsWith('SPECDEPLOY_'))",
+        path="spec.engine",
+        rule="!has(self.env) || self.env.all(e, !e.name.startsWith('SPECDEPLOY_'))",
         message="env names starting with SPECDEPLOY_ are reserved for the operator",
+        field_path=".env",
     ),
     CelRule(
         path="spec.pair.target.shape",

@@ -350,7 +350,8 @@ class PlacementSpec(ApiModel):
         default="Auto",
         description=(
             "On or Off; Auto speculates except on queues the operator is configured to treat "
-            "as batch queues, where throughput matters more than latency."
+            'as batch queues, where throughput matters more than latency. Quote "On" and '
+            '"Off" in YAML: kubectl\'s YAML 1.1 parser reads them bare as booleans.'
         ),
     )
 

@@ -1,0 +1,129 @@
+"""A local stand-in for the API server's validation of a SpeculativeDeployment.
+
+It applies the CRD's defaults, checks the OpenAPI schema with jsonschema (plus the list-map key
+uniqueness the API server adds), and evaluates the CEL rules with cel-python, formatting errors
+as the API server does (`<path>: Invalid value: "object": <message>`). Kubernetes' own CEL
+library functions the rules use (isSorted) are provided here. The real API server remains the
+judge: the test bed runs the same fixtures against it.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import celpy
+import jsonschema
+
+from specdeploy.api.crd import openapi_v3_schema
+
+
+def _json_schema(node: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI v3.0 (Kubernetes flavour) to JSON Schema, for jsonschema."""
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "properties":
+            out[key] = {name: _json_schema(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _json_schema(value)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            if value is True:
+                out[key] = node["minimum" if key == "exclusiveMinimum" else "maximum"]
+        elif key.startswith("x-kubernetes-") or key == "nullable":
+            continue
+        else:
+            out[key] = value
+    if out.get("exclusiveMinimum") is not None and "minimum" in out:
+        del out["minimum"]
+    if out.get("exclusiveMaximum") is not None and "maximum" in out:
+        del out["maximum"]
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """The object with the schema's defaults filled in, as the API server stores it."""
+    if isinstance(value, dict) and "properties" in schema:
+        for name, sub in schema["properties"].items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                value[name] = apply_defaults(sub, value[name])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(schema["items"], item) for item in value]
+    return value
+
+
+def _path(parts: Any) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return text.lstrip(".")
+
+
+def _walk(
+    schema: dict[str, Any], value: Any, path: str = ""
+) -> Iterator[tuple[str, dict[str, Any], Any]]:
+    if value is None:
+        return
+    yield path, schema, value
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in value:
+                yield from _walk(sub, value[name], f"{path}.{name}".lstrip("."))
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            yield from _walk(schema["items"], item, f"{path}[{index}]")
+
+
+def schema_errors(schema: dict[str, Any], value: Any) -> list[str]:
+    """Schema violations as `<path>: <jsonschema message>`, plus duplicate list-map keys."""
+    validator = jsonschema.Draft7Validator(_json_schema(schema))
+    errors = []
+    for error in validator.iter_errors(value):
+        path = _path(error.absolute_path)
+        if error.validator == "required":
+            # Name the missing field, as the API server does ("spec.pair: Required value").
+            missing = error.message.split("'")[1]
+            errors.append(f"{path}.{missing}: Required value".lstrip("."))
+        else:
+            errors.append(f"{path}: {error.message}")
+    for path, node, item in _walk(schema, value):
+        if node.get("x-kubernetes-list-type") == "map" and isinstance(item, list):
+            keys = node["x-kubernetes-list-map-keys"]
+            seen: set[tuple[Any, ...]] = set()
+            for index, element in enumerate(item):
+                key = tuple(element.get(k) for k in keys)
+                if key in seen:
+                    errors.append(f"{path}[{index}]: Duplicate value: {element}")
+                seen.add(key)
+    return errors
+
+
+def _is_sorted(values: Any) -> celpy.celtypes.BoolType:
+    items = list(values)
+    return celpy.celtypes.BoolType(all(a <= b for a, b in itertools.pairwise(items)))
+
+
+def cel_errors(schema: dict[str, Any], value: Any) -> list[str]:
+    """CEL rule failures, formatted as the API server formats them."""
+    env = celpy.Environment()
+    errors: list[str] = []
+    for path, node, item in _walk(schema, value):
+        for rule in node.get("x-kubernetes-validations", []):
+            program = env.program(env.compile(rule["rule"]), functions={"isSorted": _is_sorted})
+            result = program.evaluate({"self": celpy.json_to_cel(item)})
+            if isinstance(result, Exception) or not bool(result):
+                where = (path + rule.get("fieldPath", "")).lstrip(".")
+                errors.append(f'{where}: Invalid value: "object": {rule["message"]}')
+    return errors
+
+
+def admission_errors(body: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(schema errors, CEL errors) for a SpeculativeDeployment body, after defaulting."""
+    schema = openapi_v3_schema()
+    stored = apply_defaults(schema, copy.deepcopy(body))
+    return schema_errors(schema, stored), cel_errors(schema, stored)
