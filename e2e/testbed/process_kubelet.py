@@ -784,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s: %(message)s"
     )
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
 
     _hold_run_dir(args.run_dir)
     leftovers = PidLedger(args.run_dir / "pids").kill_leftovers()
