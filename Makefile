@@ -68,6 +68,10 @@ cluster-down: venv ## Stop the local cluster
 e2e: venv tools system-deps engine-venv ## End-to-end tests against the local cluster (never skipped)
 	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m e2e
 
+.PHONY: bench-engine
+bench-engine: venv engine-venv ## CPU engine tokens/s and latency with and without speculation
+	$(PY) hack/bench-engine.py
+
 .PHONY: test
 test: lint unit e2e ## Everything: lint, unit and end-to-end
 

@@ -1,0 +1,350 @@
+"""The real CPU engine for end-to-end tests: its virtualenv, the tiny models, engine processes.
+
+Reusable by any e2e module: import the fixtures (`engine_python`, `tiny_models`, `engine_pool`)
+into the test module, or use the plain functions. Engines listen on 127.0.0.1 on free ports and
+are stopped by PID (and their own process group, which only they are in) when the pool closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+OPERATOR_SRC = REPO / "operator"
+FACTORY = OPERATOR_SRC / "specdeploy" / "engine" / "tiny_models.py"
+CACHE = Path(os.environ.get("SPECDEPLOY_CACHE", Path.home() / ".cache" / "specdeploy"))
+
+#: vLLM settings that keep a tiny engine's start-up short and its memory small on a CPU.
+FAST_ENGINE_ARGS = ["--enforce-eager", "--max-model-len", "512", "--dtype", "float32"]
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "SPECDEPLOY_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+START_TIMEOUT_S = float(os.environ.get("SPECDEPLOY_ENGINE_START_TIMEOUT", "420"))
+
+
+def engine_python_path() -> Path:
+    """The engine virtualenv's python, installing it first when the cache is cold."""
+    done = subprocess.run(
+        ["bash", str(REPO / "hack" / "install-vllm-cpu.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"hack/install-vllm-cpu.sh failed:\n{done.stderr[-4000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def factory_version() -> str:
+    """Changes whenever the tiny-model factory's code does, so a stale cache is never reused."""
+    return hashlib.sha256(FACTORY.read_bytes()).hexdigest()[:12]
+
+
+def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **ENGINE_ENV, "PYTHONPATH": str(OPERATOR_SRC)}
+    return {**env, **(extra or {})}
+
+
+def build_tiny_models(python: Path, cache: Path = CACHE) -> dict[str, str]:
+    """The tiny models (name → folder), generated once per factory version into the cache."""
+    out = cache / "tiny-models" / factory_version()
+    index = out / "models.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not index.is_file():
+            staging = out.with_name(out.name + ".tmp")
+            shutil.rmtree(staging, ignore_errors=True)
+            done = subprocess.run(
+                [str(python), "-m", "specdeploy.engine", "tiny-models", "--out", str(staging)],
+                capture_output=True,
+                text=True,
+                env=engine_env(),
+                check=False,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"tiny-models failed:\n{done.stderr[-4000:]}")
+            # The factory writes absolute paths: rewrite them for the final folder.
+            shutil.rmtree(out, ignore_errors=True)
+            staging.rename(out)
+            names = json.loads((out / "models.json").read_text())
+            index.write_text(json.dumps({n: str(out / n) for n in names}, indent=2) + "\n")
+    models: dict[str, str] = json.loads(index.read_text())
+    return models
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def vllm_args(
+    model: str,
+    port: int,
+    served_name: str = "tiny",
+    speculative: dict[str, Any] | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """`vllm serve` arguments as plan/ would build them, for a tiny model on the CPU."""
+    args = [model, "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port)]
+    if speculative is not None:
+        args += ["--speculative-config", json.dumps(speculative, separators=(",", ":"))]
+    return args + FAST_ENGINE_ARGS + list(extra)
+
+
+# --- HTTP -----------------------------------------------------------------------------------
+
+
+def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 120) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json"} if data else {}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def http_text(url: str, timeout: float = 30) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text: str = response.read().decode()
+        return text
+
+
+def parse_counters(metrics: str) -> dict[str, float]:
+    """Sum every sample of each metric family in Prometheus text (labels dropped)."""
+    totals: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0]
+        with contextlib.suppress(ValueError):
+            totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
+
+
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+
+
+# --- engine processes -------------------------------------------------------------------------
+
+
+@dataclass
+class EngineServer:
+    """One engine started through the launcher (`python -m specdeploy.engine serve -- ...`)."""
+
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+    started_at: float
+    ready_after_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> float:
+        """Seconds from start to the first healthy answer; fails if the process exits first."""
+        deadline = self.started_at + timeout
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise RuntimeError(
+                    f"engine {self.name} exited with {code} before serving:\n{self.tail()}"
+                )
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                urllib.request.urlopen(self.url + "/health", timeout=2).close()
+                self.ready_after_s = time.monotonic() - self.started_at
+                return self.ready_after_s
+            time.sleep(1)
+        raise TimeoutError(f"engine {self.name} not ready after {timeout:.0f}s:\n{self.tail()}")
+
+    def complete(self, prompt: str, max_tokens: int = 48) -> dict[str, Any]:
+        body = {
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        answer: dict[str, Any] = http_json(self.url + "/v1/completions", body)
+        return answer
+
+    def counters(self) -> dict[str, float]:
+        return parse_counters(http_text(self.url + "/metrics"))
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float = 30) -> None:
+        """SIGTERM to the engine's PID, then SIGKILL to its own process group if it lingers."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        # vLLM's engine-core child shares the group; make sure none outlives the test.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def start_engine(
+    python: Path,
+    name: str,
+    args: Sequence[str],
+    log_dir: Path,
+    *,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+) -> EngineServer:
+    """Start the launcher with these vLLM arguments (not waiting for readiness)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    term = log_dir / f"{name}.termination-log"
+    full_env = engine_env({"SPECDEPLOY_TERMINATION_LOG": str(term), **(env or {})})
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [str(python), "-m", "specdeploy.engine", "serve", "--", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+        )
+    return EngineServer(name, port or 0, process, log, time.monotonic())
+
+
+@dataclass
+class Refusal:
+    code: int
+    termination_message: str
+    output: str
+    seconds: float
+
+
+def run_launcher_until_exit(
+    python: Path, args: Sequence[str], work_dir: Path, timeout: float = 120
+) -> Refusal:
+    """Run the launcher expecting it to exit (a refused pair); returns code and message."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    term = work_dir / "termination-log"
+    term.unlink(missing_ok=True)
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(python), "-m", "specdeploy.engine", "serve", "--", *args],
+        capture_output=True,
+        text=True,
+        env=engine_env({"SPECDEPLOY_TERMINATION_LOG": str(term)}),
+        timeout=timeout,
+        check=False,
+    )
+    message = term.read_text() if term.is_file() else ""
+    return Refusal(done.returncode, message, done.stdout + done.stderr, time.monotonic() - started)
+
+
+@dataclass
+class EnginePool:
+    """Engines by name, at most `max_running` at once (each tiny engine takes ~3 GiB)."""
+
+    python: Path
+    models: dict[str, str]
+    log_dir: Path
+    max_running: int = 2
+    running: dict[str, EngineServer] = field(default_factory=dict)
+    startup_seconds: dict[str, float] = field(default_factory=dict)
+
+    def speculative(self, name: str) -> dict[str, Any] | None:
+        """The speculative config of the named engine: `plain`, `draft-good`, `eagle3`, ..."""
+        if name == "plain":
+            return None
+        method = "eagle3" if name.startswith("eagle3") else "draft_model"
+        return {"method": method, "model": self.models[name], "num_speculative_tokens": 3}
+
+    def start(self, *names: str) -> None:
+        """Start the named engines together (they warm up in parallel), then wait for all."""
+        wanted = [n for n in names if n not in self.running]
+        while self.running and len(self.running) + len(wanted) > self.max_running:
+            oldest = next(iter(self.running))
+            self.running.pop(oldest).stop()
+        for name in wanted:
+            port = free_port()
+            args = vllm_args(self.models["target"], port, speculative=self.speculative(name))
+            self.running[name] = start_engine(self.python, name, args, self.log_dir, port=port)
+        for name in wanted:
+            self.startup_seconds[name] = self.running[name].wait_ready()
+
+    def get(self, name: str) -> EngineServer:
+        self.start(name)
+        server = self.running.pop(name)
+        self.running[name] = server  # most recently used last
+        return server
+
+    def close(self) -> None:
+        for server in self.running.values():
+            server.stop()
+        self.running.clear()
+
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> Path:
+    """The CPU engine virtualenv's python (`make engine-venv`); a cold cache installs it."""
+    try:
+        return engine_python_path()
+    except RuntimeError as err:
+        pytest.fail(str(err))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(engine_python: Path) -> dict[str, str]:
+    """Tiny models by name (target, draft-good, draft-bad, eagle3, mismatched drafts, ...)."""
+    try:
+        return build_tiny_models(engine_python)
+    except RuntimeError as err:
+        pytest.fail(str(err))
+
+
+@pytest.fixture(scope="session")
+def engine_pool(
+    engine_python: Path, tiny_models: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EnginePool]:
+    pool = EnginePool(engine_python, tiny_models, tmp_path_factory.mktemp("engines"))
+    try:
+        yield pool
+    finally:
+        pool.close()
+        if pool.startup_seconds:
+            print(f"\nengine start-up seconds: {json.dumps(pool.startup_seconds)}", file=sys.stderr)
