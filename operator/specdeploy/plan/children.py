@@ -1,0 +1,280 @@
+"""The Kubernetes objects a SpeculativeDeployment owns, as plain dicts (no I/O).
+
+One Deployment per revision, named `<sd>-<revision>`, whose selector includes the revision label,
+so pods of two revisions never mix and a Deployment's pod template never changes; one Service
+selecting every revision's pods; one PodMonitor so Prometheus labels each pod's metrics with its
+revision. Names and labels follow docs/contracts.md.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from specdeploy.api import labels
+from specdeploy.api.config import OperatorConfig
+from specdeploy.api.models import API_VERSION, KIND, SizingDecision, SpeculativeDeployment
+from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
+from specdeploy.plan.kueue import kueue_labels
+from specdeploy.plan.revision import engine_image
+from specdeploy.plan.vllm_args import MODEL_MOUNT_PATH, build_vllm_args, tensor_parallel_size
+
+CONTAINER_NAME = "engine"
+PORT_NAME = "http"
+ENGINE_PORT = 8000
+HUB_TOKEN_ENV = "HF_TOKEN"
+MODELS_VOLUME = "models"
+SHM_VOLUME = "dshm"
+
+
+def deployment_name(sd_name: str, revision: str) -> str:
+    """Name of the Deployment of one revision: `<sd>-<revision>`."""
+    return f"{sd_name}-{revision}"
+
+
+def owner_reference(sd: SpeculativeDeployment) -> dict[str, Any]:
+    """The controller owner reference every child carries (garbage collection, adoption)."""
+    if not sd.metadata.uid:
+        raise ValueError(f"SpeculativeDeployment {sd.metadata.name} has no uid yet")
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": sd.metadata.name,
+        "uid": sd.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def common_labels(sd: SpeculativeDeployment) -> dict[str, str]:
+    """Labels on every child: managed-by and the SpeculativeDeployment's name."""
+    return {labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.NAME: sd.metadata.name}
+
+
+def selector_labels(sd: SpeculativeDeployment, revision: str) -> dict[str, str]:
+    """The Deployment selector of one revision: SD name and revision."""
+    return {labels.NAME: sd.metadata.name, labels.REVISION: revision}
+
+
+def pod_selector(sd: SpeculativeDeployment) -> str:
+    """status.selector for the scale subresource: all pods of this SpeculativeDeployment."""
+    return f"{labels.NAME}={sd.metadata.name}"
+
+
+def pair_env(spec: Spec, revision: str) -> str:
+    """SPECDEPLOY_PAIR: the pair the engine launcher must verify, as compact sorted JSON."""
+    pair = spec.pair
+    return json.dumps(
+        {
+            "version": pair.version,
+            "target": {"model": pair.target.model, "revision": pair.target.revision},
+            "draft": {
+                "method": pair.draft.method,
+                "model": pair.draft.model,
+                "revision": pair.draft.revision,
+            },
+            "revision": revision,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def _env(spec: Spec, revision: str) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "SPECDEPLOY_HOST", "value": "0.0.0.0"},
+        {"name": "SPECDEPLOY_PORT", "value": str(ENGINE_PORT)},
+        {"name": "SPECDEPLOY_PAIR", "value": pair_env(spec, revision)},
+    ]
+    source = spec.model_source
+    if source is not None and source.hub is not None and source.hub.token_secret_ref is not None:
+        ref = source.hub.token_secret_ref
+        env.append(
+            {
+                "name": HUB_TOKEN_ENV,
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+    env += [{"name": item.name, "value": item.value} for item in spec.engine.env]
+    return env
+
+
+def _resources(spec: Spec, sizing: SizingDecision | None) -> dict[str, Any]:
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    wanted = spec.engine.resources
+    if wanted is not None:
+        for name, value in (("cpu", wanted.cpu), ("memory", wanted.memory)):
+            if value is not None:
+                requests[name] = str(value)
+                limits[name] = str(value)
+    if sizing is not None:
+        # Extended resources are set in limits; the API server copies them to requests.
+        limits[sizing.resource_name] = sizing.count
+    result: dict[str, Any] = {}
+    if requests:
+        result["requests"] = requests
+    if limits:
+        result["limits"] = limits
+    return result
+
+
+def _volumes(spec: Spec, sizing: SizingDecision | None) -> tuple[list[Any], list[Any]]:
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    source = spec.model_source
+    if source is not None and source.pvc is not None:
+        volumes.append(
+            {
+                "name": MODELS_VOLUME,
+                "persistentVolumeClaim": {"claimName": source.pvc.claim_name, "readOnly": True},
+            }
+        )
+        mounts.append({"name": MODELS_VOLUME, "mountPath": MODEL_MOUNT_PATH, "readOnly": True})
+    if tensor_parallel_size(spec, sizing) > 1:
+        # Tensor-parallel workers exchange tensors through shared memory; the container
+        # runtime's default 64 MiB /dev/shm is far too small.
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    return volumes, mounts
+
+
+def build_pod_template(
+    sd: SpeculativeDeployment,
+    revision: str,
+    sizing: SizingDecision | None,
+    config: OperatorConfig,
+) -> dict[str, Any]:
+    """The pod template of one revision; sd.spec must be the served spec (served_spec)."""
+    spec = sd.spec
+    volumes, mounts = _volumes(spec, sizing)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": engine_image(spec, config),
+        "command": list(config.engine_command),
+        "args": ["serve", "--", *build_vllm_args(spec, sizing)],
+        "ports": [{"name": PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "env": _env(spec, revision),
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": PORT_NAME},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "resources": _resources(spec, sizing),
+        "terminationMessagePath": "/dev/termination-log",
+    }
+    if mounts:
+        container["volumeMounts"] = mounts
+    node_selector = {
+        **(sizing.node_selector if sizing else {}),
+        **(spec.placement.node_selector or {}),
+    }
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(node_selector.items()))
+    if spec.placement.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True, mode="json")
+            for t in spec.placement.tolerations
+        ]
+    if volumes:
+        pod_spec["volumes"] = volumes
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(ENGINE_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+    if config.local_process:
+        annotations[labels.LOCAL_PROCESS] = "true"
+    return {
+        "metadata": {
+            "labels": {
+                **common_labels(sd),
+                labels.REVISION: revision,
+                labels.PAIR_VERSION: spec.pair.version,
+            },
+            "annotations": annotations,
+        },
+        "spec": pod_spec,
+    }
+
+
+def build_revision_deployment(
+    sd: SpeculativeDeployment,
+    revision: str,
+    sizing: SizingDecision | None,
+    config: OperatorConfig,
+    *,
+    replicas: int = 0,
+) -> dict[str, Any]:
+    """The Deployment of one revision with `replicas` pods.
+
+    sd.spec must be the served spec (plan.speculation.served_spec) and `revision` its
+    revision_hash with the same sizing and config. The selector includes the revision label,
+    so this Deployment only ever owns pods of this exact pair.
+    """
+    spec = sd.spec
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(sd.metadata.name, revision),
+            "namespace": sd.metadata.namespace,
+            "labels": {
+                **common_labels(sd),
+                labels.REVISION: revision,
+                labels.PAIR_VERSION: spec.pair.version,
+                **kueue_labels(spec),
+            },
+            "ownerReferences": [owner_reference(sd)],
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(sd, revision)},
+            "template": build_pod_template(sd, revision, sizing, config),
+        },
+    }
+
+
+def build_service(sd: SpeculativeDeployment) -> dict[str, Any]:
+    """The Service `<sd>` in front of the ready pods of every revision."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": sd.metadata.name,
+            "namespace": sd.metadata.namespace,
+            "labels": common_labels(sd),
+            "ownerReferences": [owner_reference(sd)],
+        },
+        "spec": {
+            "selector": {labels.NAME: sd.metadata.name},
+            "ports": [
+                {
+                    "name": PORT_NAME,
+                    "port": ENGINE_PORT,
+                    "targetPort": PORT_NAME,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def build_pod_monitor(sd: SpeculativeDeployment) -> dict[str, Any]:
+    """The PodMonitor `<sd>` (Prometheus Operator), copying name and revision into metrics."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": sd.metadata.name,
+            "namespace": sd.metadata.namespace,
+            "labels": common_labels(sd),
+            "ownerReferences": [owner_reference(sd)],
+        },
+        "spec": {
+            "selector": {"matchLabels": {labels.NAME: sd.metadata.name}},
+            "podMetricsEndpoints": [{"port": PORT_NAME, "path": "/metrics"}],
+            "podTargetLabels": [labels.NAME, labels.REVISION],
+        },
+    }

@@ -1,0 +1,194 @@
+"""The Deployment, Service and PodMonitor of a SpeculativeDeployment, as the cluster holds them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from specdeploy.api.config import OperatorConfig
+from specdeploy.api.models import SizingDecision, SpeculativeDeployment
+from specdeploy.plan.children import (
+    build_pod_monitor,
+    build_revision_deployment,
+    build_service,
+    pod_selector,
+)
+from specdeploy.plan.kueue import kueue_labels
+from specdeploy.plan.vllm_args import build_vllm_args
+
+BODY: dict[str, Any] = {
+    "apiVersion": "specdeploy.dev/v1alpha1",
+    "kind": "SpeculativeDeployment",
+    "metadata": {"name": "llama8b", "namespace": "serving", "uid": "uid-1", "generation": 3},
+    "spec": {
+        "replicas": 2,
+        "pair": {
+            "version": "3.1",
+            "target": {"model": "meta-llama/Llama-3.1-8B-Instruct", "revision": "abc"},
+            "draft": {
+                "method": "eagle3",
+                "model": "org/head",
+                "revision": "def",
+                "numSpeculativeTokens": 3,
+            },
+        },
+        "engine": {
+            "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}],
+            "resources": {"cpu": 8, "memory": "64Gi"},
+        },
+        "modelSource": {"hub": {"tokenSecretRef": {"name": "hf-token", "key": "token"}}},
+        "placement": {
+            "queue": "interactive",
+            "priorityClass": "high",
+            "nodeSelector": {"pool": "serving"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        },
+    },
+}
+SIZING = SizingDecision(
+    resourceName="nvidia.com/gpu",
+    count=2,
+    tensorParallelSize=2,
+    nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+)
+
+
+@pytest.fixture
+def sd() -> SpeculativeDeployment:
+    return SpeculativeDeployment.from_body(BODY)
+
+
+def _engine(deployment: dict[str, Any]) -> dict[str, Any]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert isinstance(container, dict)
+    return container
+
+
+def test_deployment_is_named_and_selected_by_revision(sd: SpeculativeDeployment) -> None:
+    deployment = build_revision_deployment(sd, "0123456789", SIZING, OperatorConfig(), replicas=2)
+    assert deployment["metadata"]["name"] == "llama8b-0123456789"
+    assert deployment["metadata"]["namespace"] == "serving"
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["selector"] == {
+        "matchLabels": {
+            "specdeploy.dev/name": "llama8b",
+            "specdeploy.dev/revision": "0123456789",
+        }
+    }
+    template_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert template_labels == {
+        "app.kubernetes.io/managed-by": "specdeploy",
+        "specdeploy.dev/name": "llama8b",
+        "specdeploy.dev/revision": "0123456789",
+        "specdeploy.dev/pair-version": "3.1",
+    }
+    labels = deployment["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "interactive"
+    assert labels["kueue.x-k8s.io/priority-class"] == "high"
+    assert "kueue.x-k8s.io/queue-name" not in template_labels
+    assert deployment["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "specdeploy.dev/v1alpha1",
+            "kind": "SpeculativeDeployment",
+            "name": "llama8b",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def test_engine_container_runs_the_pair(sd: SpeculativeDeployment) -> None:
+    config = OperatorConfig(engineImage="reg.example/engine:1", engineCommand=["specdeploy-engine"])
+    engine = _engine(build_revision_deployment(sd, "0123456789", SIZING, config))
+    assert engine["name"] == "engine"
+    assert engine["image"] == "reg.example/engine:1"
+    assert engine["command"] == ["specdeploy-engine"]
+    assert engine["args"] == ["serve", "--", *build_vllm_args(sd.spec, SIZING)]
+    assert engine["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert engine["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    env = {item["name"]: item for item in engine["env"]}
+    assert env["SPECDEPLOY_HOST"]["value"] == "0.0.0.0"
+    assert env["SPECDEPLOY_PORT"]["value"] == "8000"
+    assert json.loads(env["SPECDEPLOY_PAIR"]["value"]) == {
+        "version": "3.1",
+        "target": {"model": "meta-llama/Llama-3.1-8B-Instruct", "revision": "abc"},
+        "draft": {"method": "eagle3", "model": "org/head", "revision": "def"},
+        "revision": "0123456789",
+    }
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    assert env["VLLM_LOGGING_LEVEL"]["value"] == "INFO"
+    assert engine["resources"] == {
+        "requests": {"cpu": "8", "memory": "64Gi"},
+        "limits": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": 2},
+    }
+
+
+def test_pod_lands_where_sizing_and_placement_say(sd: SpeculativeDeployment) -> None:
+    pod = build_revision_deployment(sd, "0123456789", SIZING, OperatorConfig())["spec"]["template"]
+    assert pod["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "pool": "serving",
+    }
+    assert pod["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    # Tensor parallel 2: shared memory for the workers.
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["spec"]["volumes"]
+    assert "specdeploy.dev/local-process" not in pod["metadata"]["annotations"]
+
+
+def test_local_process_annotation_follows_the_config(sd: SpeculativeDeployment) -> None:
+    config = OperatorConfig(localProcess=True)
+    pod = build_revision_deployment(sd, "0123456789", None, config)["spec"]["template"]
+    assert pod["metadata"]["annotations"]["specdeploy.dev/local-process"] == "true"
+    # No sizing (a CPU engine): no GPU resource at all.
+    limits = _engine({"spec": {"template": pod}})["resources"]["limits"]
+    assert not [name for name in limits if name.startswith("nvidia.com/")]
+
+
+def test_pvc_source_is_mounted_read_only() -> None:
+    body = {**BODY, "spec": {**BODY["spec"], "modelSource": {"pvc": {"claimName": "models"}}}}
+    sd = SpeculativeDeployment.from_body(body)
+    pod = build_revision_deployment(sd, "0123456789", None, OperatorConfig())["spec"]["template"]
+    assert pod["spec"]["volumes"] == [
+        {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
+    ]
+    assert _engine({"spec": {"template": pod}})["volumeMounts"] == [
+        {"name": "models", "mountPath": "/models", "readOnly": True}
+    ]
+
+
+def test_service_selects_every_revision(sd: SpeculativeDeployment) -> None:
+    service = build_service(sd)
+    assert service["metadata"]["name"] == "llama8b"
+    assert service["spec"]["selector"] == {"specdeploy.dev/name": "llama8b"}
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert pod_selector(sd) == "specdeploy.dev/name=llama8b"
+
+
+def test_pod_monitor_copies_revision_into_metrics(sd: SpeculativeDeployment) -> None:
+    monitor = build_pod_monitor(sd)
+    assert monitor["spec"]["podTargetLabels"] == ["specdeploy.dev/name", "specdeploy.dev/revision"]
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "http", "path": "/metrics"}]
+
+
+def test_kueue_labels_only_when_set(sd: SpeculativeDeployment) -> None:
+    assert kueue_labels(sd.spec) == {
+        "kueue.x-k8s.io/queue-name": "interactive",
+        "kueue.x-k8s.io/priority-class": "high",
+    }
+    bare = sd.spec.model_copy(
+        update={
+            "placement": sd.spec.placement.model_copy(
+                update={"queue": None, "priority_class": None}
+            )
+        }
+    )
+    assert kueue_labels(bare) == {}
+
+
+def test_child_of_an_unsaved_resource_is_refused(sd: SpeculativeDeployment) -> None:
+    unsaved = sd.model_copy(update={"metadata": sd.metadata.model_copy(update={"uid": None})})
+    with pytest.raises(ValueError, match="no uid"):
+        build_service(unsaved)
