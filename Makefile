@@ -64,6 +64,23 @@ cluster-up: venv tools system-deps ## Start the local cluster; prints the KUBECO
 cluster-down: venv ## Stop the local cluster
 	$(PY) -m testbed down
 
+OPERATOR_CONFIG ?=
+OPERATOR_PID := $(RUN)/operator.pid
+
+.PHONY: operator-up
+operator-up: venv ## Run the operator in the background against the local cluster (log: .run/operator.log)
+	@mkdir -p $(RUN)
+	@if [ -f $(OPERATOR_PID) ] && kill -0 "$$(cat $(OPERATOR_PID))" 2>/dev/null; then \
+	  echo "operator already running (pid $$(cat $(OPERATOR_PID)))"; exit 0; fi
+	eval "$$($(PY) -m testbed env)"; \
+	  nohup $(VENV)/bin/specdeploy operator run $(if $(OPERATOR_CONFIG),--config $(OPERATOR_CONFIG)) \
+	  >$(RUN)/operator.log 2>&1 & echo $$! >$(OPERATOR_PID)
+	@echo "operator pid $$(cat $(OPERATOR_PID)), log $(RUN)/operator.log"
+
+.PHONY: operator-down
+operator-down: ## Stop the background operator
+	@if [ -f $(OPERATOR_PID) ]; then kill "$$(cat $(OPERATOR_PID))" 2>/dev/null || true; rm -f $(OPERATOR_PID); fi
+
 .PHONY: e2e
 e2e: venv tools system-deps engine-venv ## End-to-end tests against the local cluster (never skipped)
 	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m e2e

@@ -1,0 +1,508 @@
+"""The operator on the test bed: SDs become revision Deployments on the right (fake) GPUs.
+
+The operator runs as a subprocess (`specdeploy operator run`) watching the test's namespace, with
+a 2-second reconcile timer. GPU pods are KWOK-run (no local-process annotation): they never run
+a real engine; the real-engine path is covered by the engine suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from testbed import ClusterEnv, Kubectl
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NAME_LABEL = "specdeploy.dev/name"
+REVISION_LABEL = "specdeploy.dev/revision"
+ADMISSION_GATE = "kueue.x-k8s.io/admission"
+H100 = "NVIDIA-H100-80GB-HBM3"
+WRITE_LINE = re.compile(r"api write: (\S+) (\S+)")
+
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Polls `probe` until it returns something truthy; fails the test with `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.5)
+
+
+# --- the operator as a subprocess -------------------------------------------------------------
+
+
+@dataclass
+class OperatorProcess:
+    """A running `specdeploy operator run`, restartable, with its log."""
+
+    kubeconfig: str
+    namespace: str
+    config_path: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
+        log = self.log_path.open("ab")
+        log.write(f"\n=== start {self.starts} ===\n".encode())
+        log.flush()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "specdeploy.cli",
+                "operator",
+                "run",
+                "--config",
+                str(self.config_path),
+                "--namespace",
+                self.namespace,
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def writes_since(self, offset: int) -> list[str]:
+        """`api write:` lines logged after byte `offset` of the log."""
+        return WRITE_LINE.findall(self.log_text()[offset:])
+
+
+@pytest.fixture
+def operator(cluster: ClusterEnv, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator watching this test's namespace; its log is printed when a test fails."""
+    config = {
+        "reconcileIntervalSeconds": 2,
+        "batchQueues": ["batch"],
+        "engineImage": "specdeploy/engine:e2e",
+        "localProcess": False,
+        "prometheusUrl": cluster.prometheus_url or "http://127.0.0.1:9090",
+    }
+    config_path = tmp_path / "operator.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    running = OperatorProcess(cluster.kubeconfig, namespace, config_path, tmp_path / "operator.log")
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        print(f"--- operator log ({running.log_path}) ---\n{running.log_text()[-20000:]}")
+
+
+# --- SpeculativeDeployments used here ----------------------------------------------------------
+
+
+def llama_8b(
+    name: str, namespace: str, draft_revision: str = "eagle3-r1", **spec: Any
+) -> dict[str, Any]:
+    """Llama 3.1 8B with its EAGLE-3 head: sized onto a MIG 3g.40gb slice (docs/sizing.md)."""
+    body: dict[str, Any] = {
+        "apiVersion": "specdeploy.dev/v1alpha1",
+        "kind": "SpeculativeDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "pair": {
+                "version": "3.1",
+                "target": {"model": "meta-llama/Llama-3.1-8B-Instruct", "revision": "main"},
+                "draft": {
+                    "method": "eagle3",
+                    "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+                    "revision": draft_revision,
+                    "numSpeculativeTokens": 3,
+                },
+            },
+            "engine": {"maxModelLen": 8192, "maxNumSeqs": 8, "gpuMemoryUtilization": 0.92},
+            "placement": {"queue": "interactive", "speculation": "Auto"},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def llama_70b(name: str, namespace: str) -> dict[str, Any]:
+    """Llama 3.1 70B with its EAGLE-3 head on H100s: 4 GPUs, tensor parallel 4."""
+    body = llama_8b(name, namespace)
+    body["spec"]["pair"] = {
+        "version": "3.3",
+        "target": {"model": "meta-llama/Llama-3.1-70B-Instruct", "revision": "main"},
+        "draft": {
+            "method": "eagle3",
+            "model": "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B",
+            "revision": "main",
+            "numSpeculativeTokens": 3,
+        },
+    }
+    body["spec"]["engine"] = {"maxModelLen": 8192, "maxNumSeqs": 32, "gpuMemoryUtilization": 0.92}
+    body["spec"]["placement"]["gpu"] = {"product": H100}
+    return body
+
+
+def llama_405b(name: str, namespace: str) -> dict[str, Any]:
+    """Llama 3.1 405B in bf16 on H100s: more than 8 x 80 GB, so no node holds it."""
+    body = llama_70b(name, namespace)
+    body["spec"]["pair"] = {
+        "version": "3.1",
+        "target": {"model": "meta-llama/Llama-3.1-405B-Instruct", "revision": "main"},
+        "draft": {"method": "none"},
+    }
+    return body
+
+
+# --- reading the cluster -----------------------------------------------------------------------
+
+
+def sd_of(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = kubectl.get_json("sd", name, "-n", namespace)
+    return found
+
+
+def condition(sd: dict[str, Any], type_: str) -> dict[str, Any]:
+    for item in (sd.get("status") or {}).get("conditions") or []:
+        if item["type"] == type_:
+            return dict(item)
+    return {}
+
+
+def items(kubectl: Kubectl, kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = kubectl.get_json(
+        kind, "-n", namespace, "-l", f"{NAME_LABEL}={name}"
+    )["items"]
+    return found
+
+
+def engine_container(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "engine")
+
+
+def declared_pair(pod: dict[str, Any]) -> tuple[str, str | None]:
+    """(revision label, draft revision the pod's args speculate with; None without a draft).
+
+    Asserts the pod carries exactly one pair: one --speculative-config at most, and the pair
+    env naming the same revision as the label.
+    """
+    container = engine_container(pod)
+    args = container["args"]
+    specs = [args[i + 1] for i, a in enumerate(args) if a == "--speculative-config"]
+    assert len(specs) <= 1, f"pod {pod['metadata']['name']} has {len(specs)} drafts"
+    env = {e["name"]: e.get("value") for e in container.get("env") or []}
+    pair = json.loads(env["SPECDEPLOY_PAIR"])
+    label = pod["metadata"]["labels"][REVISION_LABEL]
+    assert pair["revision"] == label, f"pod {pod['metadata']['name']}: env {pair} vs label {label}"
+    draft = json.loads(specs[0]).get("revision") if specs else None
+    if specs:
+        assert draft == pair["draft"]["revision"], "args and env name different drafts"
+    return label, draft
+
+
+@dataclass
+class PodWatch:
+    """Polls an SD's pods and Deployments in the background, recording every pod ever seen."""
+
+    kubectl: Kubectl
+    namespace: str
+    name: str
+    pairs: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    snapshots: list[dict[str, tuple[int, int]]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> PodWatch:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for pod in items(self.kubectl, "pods", self.namespace, self.name):
+                    self.pairs[pod["metadata"]["name"]] = declared_pair(pod)
+                self.snapshots.append(
+                    {
+                        d["metadata"]["labels"][REVISION_LABEL]: (
+                            int(d["spec"].get("replicas") or 0),
+                            int((d.get("status") or {}).get("readyReplicas") or 0),
+                        )
+                        for d in items(self.kubectl, "deployments", self.namespace, self.name)
+                    }
+                )
+            except AssertionError as error:
+                self.errors.append(str(error))
+            except Exception as error:
+                self.errors.append(f"poll failed: {error}")
+            time.sleep(0.3)
+
+
+def wait_ready(kubectl: Kubectl, namespace: str, name: str, timeout: int = 90) -> None:
+    kubectl.run(
+        "wait",
+        "--for=condition=Ready",
+        f"sd/{name}",
+        "-n",
+        namespace,
+        f"--timeout={timeout}s",
+        timeout=timeout + 10,
+    )
+
+
+# --- the tests -----------------------------------------------------------------------------------
+
+
+def test_8b_with_eagle3_head_runs_on_a_mig_slice(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    kubectl.apply([llama_8b("chat", namespace)])
+    wait_ready(kubectl, namespace, "chat")
+
+    sd = sd_of(kubectl, namespace, "chat")
+    revision = sd["status"]["stableRevision"]
+    sizing = sd["status"]["sizing"]
+    assert sizing["resourceName"] == "nvidia.com/mig-3g.40gb"
+    assert sizing["memory"]["requiredGiB"] == pytest.approx(28.2, abs=0.2)
+    [deployment] = items(kubectl, "deployments", namespace, "chat")
+    assert deployment["metadata"]["name"] == f"chat-{revision}"
+    assert deployment["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "interactive"
+    assert deployment["metadata"]["ownerReferences"][0]["kind"] == "SpeculativeDeployment"
+    kubectl.get_json("service", "chat", "-n", namespace)
+    [pod] = items(kubectl, "pods", namespace, "chat")
+    assert pod["status"]["phase"] == "Running"
+    assert pod["spec"]["nodeName"] == "kwok-h100-mig-0"
+    limits = engine_container(pod)["resources"]["limits"]
+    assert limits["nvidia.com/mig-3g.40gb"] == "1"
+    assert declared_pair(pod) == (revision, "eagle3-r1")
+    # Monitoring: a PodMonitor when its CRD is served, else scrape annotations on the pod.
+    monitors = kubectl.run("get", "podmonitors", "-n", namespace, "-o", "name", check=False)
+    if monitors.returncode == 0:
+        assert "podmonitor.monitoring.coreos.com/chat" in monitors.stdout
+    else:
+        assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+
+    table = kubectl.run("get", "sd", "chat", "-n", namespace).stdout
+    header, row = table.strip().splitlines()[:2]
+    for column in ("PAIR", "REVISION", "READY", "QUEUE", "PHASE", "AGE"):
+        assert column in header, header
+    assert revision in row
+    assert "interactive" in row
+    assert "Serving" in row
+    description = kubectl.run("describe", "sd", "chat", "-n", namespace).stdout
+    assert "NewRevision" in description
+
+
+def test_70b_takes_four_h100s_with_tensor_parallel_4(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    kubectl.apply([llama_70b("big", namespace)])
+    wait_ready(kubectl, namespace, "big")
+    [pod] = items(kubectl, "pods", namespace, "big")
+    assert pod["status"]["phase"] == "Running"
+    assert pod["spec"]["nodeName"] in ("kwok-h100-0", "kwok-h100-1")
+    assert engine_container(pod)["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    args = engine_container(pod)["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "4"
+
+
+def test_405b_bf16_on_h100s_is_unschedulable_and_creates_no_pods(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    kubectl.apply([llama_405b("huge", namespace)])
+
+    def unschedulable() -> dict[str, Any] | None:
+        sized = condition(sd_of(kubectl, namespace, "huge"), "Sized")
+        return sized if sized.get("reason") == "Unschedulable" else None
+
+    sized = eventually(unschedulable, 60, "Sized=False/Unschedulable")
+    assert sized["status"] == "False"
+    assert re.search(r"target weights 75\d\.\d", sized["message"]), sized["message"]
+    assert "GiB" in sized["message"]
+    time.sleep(3)
+    assert items(kubectl, "deployments", namespace, "huge") == []
+    assert items(kubectl, "pods", namespace, "huge") == []
+    assert sd_of(kubectl, namespace, "huge")["status"]["phase"] == "Failed"
+
+
+def test_batch_queue_serves_the_target_alone(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    body = llama_8b("bulk", namespace)
+    body["spec"]["placement"]["queue"] = "batch"
+    kubectl.apply([body])
+    wait_ready(kubectl, namespace, "bulk")
+    sd = sd_of(kubectl, namespace, "bulk")
+    assert sd["status"]["speculation"]["state"] == "Off"
+    assert sd["status"]["speculation"]["reason"] == "BatchQueue"
+    [pod] = items(kubectl, "pods", namespace, "bulk")
+    assert "--speculative-config" not in engine_container(pod)["args"]
+
+
+def test_changing_the_draft_rolls_a_new_revision_forward_only_once_ready(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    with PodWatch(kubectl, namespace, "chat") as watch:
+        kubectl.apply([llama_8b("chat", namespace, draft_revision="eagle3-r1", replicas=2)])
+        wait_ready(kubectl, namespace, "chat")
+        first = sd_of(kubectl, namespace, "chat")["status"]["stableRevision"]
+
+        kubectl.apply([llama_8b("chat", namespace, draft_revision="eagle3-r2", replicas=2)])
+
+        def rolled() -> str | None:
+            sd = sd_of(kubectl, namespace, "chat")
+            stable = sd["status"].get("stableRevision")
+            ready = condition(sd, "Ready").get("status") == "True"
+            return stable if stable != first and ready else None
+
+        second = eventually(rolled, 90, "the second revision to serve")
+        eventually(
+            lambda: dict(watch.snapshots[-1]).get(first, (1, 1))[0] == 0,
+            30,
+            "the first revision at zero",
+        )
+        time.sleep(1)
+
+    assert not watch.errors, watch.errors
+    # Every pod ever seen carried exactly one declared pair: its revision's draft.
+    drafts = {first: "eagle3-r1", second: "eagle3-r2"}
+    assert watch.pairs, "no pods seen"
+    for pod, (revision, draft) in watch.pairs.items():
+        assert drafts[revision] == draft, f"pod {pod} of {revision} speculates with {draft}"
+    assert {revision for revision, _ in watch.pairs.values()} == {first, second}
+    # The first revision went to zero only after the second had all its pods ready.
+    second_ready_seen = False
+    for snapshot in watch.snapshots:
+        replicas, ready = snapshot.get(second, (0, 0))
+        second_ready_seen = second_ready_seen or (replicas == 2 and ready == 2)
+        if snapshot.get(first, (2, 2))[0] == 0:
+            assert second_ready_seen, f"first revision scaled down early: {snapshot}"
+    # The old revision is kept at zero for going back.
+    deployments = {
+        d["metadata"]["name"]: d["spec"]["replicas"]
+        for d in items(kubectl, "deployments", namespace, "chat")
+    }
+    assert deployments == {f"chat-{first}": 0, f"chat-{second}": 2}
+
+
+def test_exhausted_quota_gates_pods_with_a_reason_naming_the_queue(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    # The interactive ClusterQueue has 6 mig-3g.40gb and may borrow the batch queue's 2: 8.
+    kubectl.apply([llama_8b("hog", namespace, replicas=8)])
+    wait_ready(kubectl, namespace, "hog", timeout=120)
+    kubectl.apply([llama_8b("late", namespace)])
+
+    def waiting() -> dict[str, Any] | None:
+        admitted = condition(sd_of(kubectl, namespace, "late"), "Admitted")
+        return admitted if admitted.get("status") == "False" else None
+
+    admitted = eventually(waiting, 60, "Admitted=False on the late SD")
+    assert admitted["reason"] == "WaitingForQuota"
+    assert "ClusterQueue interactive" in admitted["message"]
+    assert "nvidia.com/mig-3g.40gb" in admitted["message"]
+    [pod] = items(kubectl, "pods", namespace, "late")
+    assert ADMISSION_GATE in [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+    assert pod["status"]["phase"] == "Pending"
+
+    kubectl.run("delete", "sd", "hog", "-n", namespace)
+    wait_ready(kubectl, namespace, "late", timeout=120)
+    assert condition(sd_of(kubectl, namespace, "late"), "Admitted")["status"] == "True"
+
+
+def test_restart_makes_no_duplicates_and_an_idle_operator_writes_nothing(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    kubectl.apply([llama_8b("chat", namespace)])
+    wait_ready(kubectl, namespace, "chat")
+    operator.stop()
+    operator.start()
+    time.sleep(10)  # resume handlers and a few timer rounds
+
+    assert len(items(kubectl, "deployments", namespace, "chat")) == 1
+    assert len(items(kubectl, "services", namespace, "chat")) == 1
+    before = {
+        "sd": sd_of(kubectl, namespace, "chat")["metadata"]["resourceVersion"],
+        "deployment": items(kubectl, "deployments", namespace, "chat")[0]["metadata"][
+            "resourceVersion"
+        ],
+        "service": kubectl.get_json("service", "chat", "-n", namespace)["metadata"][
+            "resourceVersion"
+        ],
+    }
+    offset = len(operator.log_text())
+    time.sleep(60)
+    writes = operator.writes_since(offset)
+    assert writes == [], f"the idle operator wrote: {writes}"
+    after = {
+        "sd": sd_of(kubectl, namespace, "chat")["metadata"]["resourceVersion"],
+        "deployment": items(kubectl, "deployments", namespace, "chat")[0]["metadata"][
+            "resourceVersion"
+        ],
+        "service": kubectl.get_json("service", "chat", "-n", namespace)["metadata"][
+            "resourceVersion"
+        ],
+    }
+    assert after == before
+
+
+def test_scale_and_delete(kubectl: Kubectl, namespace: str, operator: OperatorProcess) -> None:
+    kubectl.apply([llama_8b("chat", namespace)])
+    wait_ready(kubectl, namespace, "chat")
+    kubectl.run("scale", "sd/chat", "-n", namespace, "--replicas=3")
+
+    def three_ready() -> bool:
+        sd = sd_of(kubectl, namespace, "chat")
+        status = sd.get("status") or {}
+        ready = condition(sd, "Ready").get("status") == "True"
+        return ready and status.get("readyReplicas") == 3 and status.get("replicas") == 3
+
+    eventually(three_ready, 90, "3 ready replicas")
+    assert len(items(kubectl, "pods", namespace, "chat")) == 3
+
+    kubectl.run("delete", "sd", "chat", "-n", namespace, "--timeout=60s", timeout=70)
+
+    def nothing_left() -> bool:
+        kinds = ("deployments", "replicasets", "pods", "services")
+        return all(not items(kubectl, kind, namespace, "chat") for kind in kinds)
+
+    eventually(nothing_left, 60, "every child of the deleted SD to be gone")
