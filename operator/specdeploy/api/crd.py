@@ -80,16 +80,6 @@ class CelRule:
 
 
 CEL_RULES: tuple[CelRule, ...] = (
-    # The name becomes the Service name (a DNS-1035 label) and, with "-<10 hex>", the
-    # Deployment name and a label value: both at most 63 characters.
-    CelRule(
-        path="",
-        rule="self.metadata.name.size() <= 52"
-        " && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
-        message="name must be a DNS-1035 label of at most 52 characters"
-        " (it names the Service and, with a revision suffix, each Deployment)",
-        field_path=".metadata.name",
-    ),
     # vLLM loads eagle/eagle3 heads and draft models from a checkpoint; without one it fails
     # at start-up, long after `kubectl apply` said yes.
     CelRule(
@@ -264,6 +254,21 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Draft", "type": "string", "jsonPath": ".spec.pair.draft.method", "priority": 1},
 ]
 
+# The name becomes the Service name (a DNS-1035 label) and, with "-<10 hex>", each Deployment's
+# name and a label value: at most 63 characters. CRDs may restrict metadata.name this way, and a
+# schema check costs nothing, where a CEL regex over an unbounded string would.
+MAX_NAME_LENGTH = 52
+METADATA_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {
+            "type": "string",
+            "maxLength": MAX_NAME_LENGTH,
+            "pattern": "^[a-z]([-a-z0-9]*[a-z0-9])?$",
+        }
+    },
+}
+
 _DROPPED_KEYS = frozenset({"title", "$defs", "examples"})
 
 
@@ -399,7 +404,7 @@ def openapi_v3_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "metadata": METADATA_SCHEMA,
             "spec": spec,
             "status": status,
         },
