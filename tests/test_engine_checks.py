@@ -310,6 +310,17 @@ def test_a_draft_lm_pair_checks_vocab_and_tokenizer(llama8b: dict[str, Any]) -> 
     assert [r.check for r in results if r.failed] == ["tokenizer"]
 
 
+def test_heterogeneous_vocab_allows_another_tokenizer(llama8b: dict[str, Any]) -> None:
+    # vLLM maps between vocabularies when use_heterogeneous_vocab is set (draft_model only).
+    results = check_pair(
+        "draft_model",
+        ModelFacts((LLAMA_8B,), llama8b, "f" * 64),
+        ModelFacts(("Qwen/Qwen3-0.6B",), config("qwen3-0.6b"), "e" * 64),
+        heterogeneous_vocab=True,
+    )
+    assert not [r for r in results if r.failed]
+
+
 def test_no_speculation_checks_nothing(llama8b: dict[str, Any]) -> None:
     assert check_pair(None, ModelFacts((LLAMA_8B,), llama8b), None) == []
 

@@ -328,9 +328,17 @@ class ModelFacts:
 
 
 def check_pair(
-    method: str | None, target: ModelFacts, draft: ModelFacts | None
+    method: str | None,
+    target: ModelFacts,
+    draft: ModelFacts | None,
+    *,
+    heterogeneous_vocab: bool = False,
 ) -> list[CheckResult]:
-    """Every check that applies to this pair, in a stable order."""
+    """Every check that applies to this pair, in a stable order.
+
+    `heterogeneous_vocab` is the speculative config's `use_heterogeneous_vocab`: vLLM then maps
+    a draft LM's vocabulary onto the target's, so different vocabularies are allowed.
+    """
     if method is None or method == "none":
         return []
     results = [check_method(method, draft.config if draft else None)]
@@ -346,7 +354,11 @@ def check_pair(
     if kind in (DraftKind.EAGLE3_SPECULATORS, DraftKind.EAGLE3_LEGACY):
         results.append(check_eagle3_shape(draft.config, target.config))
         results.append(check_draft_vocab(draft.config, target.config))
-    if kind is DraftKind.CAUSAL_LM:
+    if kind is DraftKind.CAUSAL_LM and heterogeneous_vocab:
+        results.append(
+            _skipped("vocab-size", "use_heterogeneous_vocab: vLLM maps the draft's vocabulary")
+        )
+    elif kind is DraftKind.CAUSAL_LM:
         results.append(check_vocab_size(draft.config, target.config))
         results.append(check_tokenizer(draft.tokenizer_fingerprint, target.tokenizer_fingerprint))
     return results

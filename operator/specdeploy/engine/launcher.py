@@ -281,7 +281,9 @@ def check_serve_args(
     elif isinstance(draft_ref, str) and draft_ref:
         # Model-free methods with a model: the method check reports it without reading it.
         draft = ModelFacts((draft_ref,), {})
-    return check_pair(method, target, draft)
+    return check_pair(
+        method, target, draft, heterogeneous_vocab=spec.get("use_heterogeneous_vocab") is True
+    )
 
 
 # --- starting vLLM ----------------------------------------------------------------------------
