@@ -2,7 +2,7 @@
 
 It applies the CRD's defaults, checks the OpenAPI schema with jsonschema (plus the list-map key
 uniqueness the API server adds), and evaluates the CEL rules with cel-python, formatting errors
-as the API server does (`<path>: Invalid value: "object": <message>`). Kubernetes' own CEL
+as the API server (v1.36) does (`<path>: Invalid value: <message>`). Kubernetes' own CEL
 library functions the rules use (isSorted) are provided here. The real API server remains the
 judge: the test bed runs the same fixtures against it.
 """
@@ -118,7 +118,7 @@ def cel_errors(schema: dict[str, Any], value: Any) -> list[str]:
             result = program.evaluate({"self": celpy.json_to_cel(item)})
             if isinstance(result, Exception) or not bool(result):
                 where = (path + rule.get("fieldPath", "")).lstrip(".")
-                errors.append(f'{where}: Invalid value: "object": {rule["message"]}')
+                errors.append(f"{where}: Invalid value: {rule['message']}")
     return errors
 
 

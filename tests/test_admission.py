@@ -34,6 +34,12 @@ def _load(path: Path) -> dict[str, Any]:
     return body
 
 
+def _cel_message(expect: str) -> str | None:
+    """The CEL rule message an expectation names, if it names one."""
+    tail = expect.split(": Invalid value: ", 1)[-1]
+    return next((rule.message for rule in CEL_RULES if rule.message.startswith(tail)), None)
+
+
 def test_there_are_examples_and_fixtures() -> None:
     assert len(EXAMPLES) >= 4
     assert len(INVALID) >= len(CEL_RULES)
@@ -50,7 +56,7 @@ def test_example_is_accepted(path: Path) -> None:
 def test_invalid_fixture_is_rejected_for_its_reason(path: Path) -> None:
     expect = _expectation(path)
     schema, cel = admission_errors(_load(path))
-    if ': Invalid value: "object": ' in expect:
+    if _cel_message(expect) is not None:
         # A CEL rule: the object is otherwise valid, and exactly this rule fails.
         assert schema == []
         assert len(cel) == 1, cel
@@ -67,7 +73,7 @@ def test_every_cel_rule_has_a_rejecting_fixture() -> None:
     for rule in CEL_RULES:
         where = rule.error_path.replace(".items", "[0]")
         assert any(
-            expect.startswith(f'{where}: Invalid value: "object": ')
-            and rule.message.startswith(expect.split('"object": ', 1)[1])
+            expect.startswith(f"{where}: Invalid value: ")
+            and rule.message.startswith(expect.split(": Invalid value: ", 1)[1])
             for expect in expectations
         ), f"no fixture for: {where}: {rule.message}"

@@ -60,8 +60,9 @@ _HUB = "has(self.modelSource) && has(self.modelSource.hub)"
 class CelRule:
     """One `x-kubernetes-validations` entry.
 
-    Every rule sits on an object (never on a list or a scalar), so the API server's error
-    always reads `<error_path>: Invalid value: "object": <message>`.
+    Every rule sits on an object (never on a list or a scalar); the API server's error reads
+    `<error_path>: Invalid value: <message>` (Kubernetes v1.36; older servers put the type,
+    `"object": `, before the message).
 
     `path` is the dotted location in the CR ("" for the root, "spec.pair.draft", ...);
     `field_path` (relative, starting with ".") is the field the API server's error names.
