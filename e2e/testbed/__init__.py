@@ -1,0 +1,27 @@
+"""The specdeploy test bed: a real Kubernetes control plane, KWOK GPU nodes, Kueue and Prometheus,
+run as local processes (see docs/testbed.md)."""
+
+from testbed.cluster import (
+    LOCAL_PROCESS_ANNOTATION,
+    QUEUE_NAMES,
+    ClusterEnv,
+    create_namespace_with_queues,
+    down,
+    health,
+    run_dir,
+    up,
+)
+from testbed.kubectl import Kubectl, KubectlError
+
+__all__ = [
+    "LOCAL_PROCESS_ANNOTATION",
+    "QUEUE_NAMES",
+    "ClusterEnv",
+    "Kubectl",
+    "KubectlError",
+    "create_namespace_with_queues",
+    "down",
+    "health",
+    "run_dir",
+    "up",
+]

@@ -1,0 +1,748 @@
+"""The local cluster: start, check and stop every component of the test bed.
+
+Layout of the run folder (``.run/cluster/`` under the repository root unless
+``SPECDEPLOY_CLUSTER_DIR`` names another):
+
+- ``env.json``: what clients need (see :class:`ClusterEnv`), written as components come up;
+- ``kubeconfig``: the admin kubeconfig (``O=system:masters`` client certificate);
+- ``<component>.log`` / ``<component>.pid``: one pair per process;
+- ``pki/``, ``etcd-data/``, ``kueue/``, ``kwok/``, ``prometheus/``, ``prometheus-sd/`` (the
+  Prometheus file service discovery folder) and ``process-kubelet/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import fcntl
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed import processes
+from testbed.kubectl import Kubectl, KubectlError
+from testbed.pki import CertPair, ClusterPki, create_cluster_pki, write_kubeconfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO_ROOT / "e2e" / "manifests"
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-testbed-tools.sh"
+PROCESS_KUBELET = REPO_ROOT / "e2e" / "testbed" / "process_kubelet.py"
+
+LOCAL_PROCESS_ANNOTATION = "specdeploy.dev/local-process"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+QUEUE_NAMES = ("interactive", "batch")
+SYSTEM_NAMESPACES = ("kube-system", "kueue-system")
+KUEUE_INTEGRATIONS = ("batch/job", "pod", "deployment", "statefulset")
+# Webhooks of Kueue's that are registered: its own API plus the integrations above.
+_WEBHOOK_API_GROUPS = {"kueue.x-k8s.io", "", "apps", "batch"}
+# The order `down` stops things in: clients of the API server first, etcd last.
+STOP_ORDER = (
+    "process-kubelet",
+    "prometheus",
+    "kueue",
+    "kwok",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kube-apiserver",
+    "etcd",
+)
+KUEUE_METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+
+
+def run_dir() -> Path:
+    """The run folder of the local cluster."""
+    return Path(os.environ.get("SPECDEPLOY_CLUSTER_DIR", REPO_ROOT / ".run" / "cluster")).resolve()
+
+
+@dataclass
+class ClusterEnv:
+    """The contents of ``env.json``: how to reach a running test-bed cluster."""
+
+    kubeconfig: str
+    api_server: str
+    prometheus_url: str
+    prometheus_sd_dir: str
+    bin_dir: str
+    manifests_dir: str
+    run_dir: str
+    versions: dict[str, str]
+    components: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # True once every component is up and the cluster objects are in place.
+    complete: bool = False
+
+    def write(self, folder: Path) -> None:
+        """Write env.json atomically."""
+        tmp = folder / "env.json.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp.replace(folder / "env.json")
+
+    @classmethod
+    def read(cls, folder: Path) -> ClusterEnv | None:
+        """The env.json in ``folder``, or None when there is none."""
+        try:
+            data = json.loads((folder / "env.json").read_text())
+        except (OSError, ValueError):
+            return None
+        data.setdefault("complete", True)  # env.json from before the flag existed
+        return cls(**data)
+
+    def kubectl(self) -> Kubectl:
+        """kubectl for this cluster."""
+        return Kubectl(Path(self.bin_dir) / "kubectl", Path(self.kubeconfig))
+
+
+# --- tools -----------------------------------------------------------------------------------
+
+
+def tools_dir(build: bool = True) -> Path:
+    """The folder with the pinned binaries; builds them first (a no-op when cached) if asked."""
+    cmd = ["bash", str(BUILD_SCRIPT)]
+    if not build:
+        cmd.append("--print-dir")
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    folder = Path(out.strip().splitlines()[-1])
+    if not (folder / ".complete").exists():
+        raise RuntimeError(
+            f"the test-bed tools are not built in {folder}: run `make tools` "
+            f"(bash {BUILD_SCRIPT.relative_to(REPO_ROOT)})"
+        )
+    return folder
+
+
+def prometheus_binary() -> Path:
+    """The Debian package's Prometheus binary."""
+    found = shutil.which("prometheus") or "/usr/bin/prometheus"
+    if not Path(found).exists():
+        raise RuntimeError("prometheus is not installed: run `make system-deps`")
+    return Path(found)
+
+
+# --- probes ------------------------------------------------------------------------------------
+
+
+def _http_get(
+    url: str,
+    ca: Path | None = None,
+    client: CertPair | None = None,
+    verify: bool = True,
+    timeout: float = 2.0,
+) -> tuple[int, bytes]:
+    context: ssl.SSLContext | None = None
+    if url.startswith("https://"):
+        if verify:
+            context = ssl.create_default_context(cafile=str(ca) if ca else None)
+        else:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if client is not None:
+            context.load_cert_chain(str(client.cert), str(client.key))
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:
+            return int(resp.status), bytes(resp.read())
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.read()
+
+
+def _ok(url: str, **kwargs: Any) -> Callable[[], bool]:
+    return lambda: _http_get(url, **kwargs)[0] == 200
+
+
+# --- the cluster -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    scheduler: int
+    kwok: int
+    kueue_webhook: int
+    kueue_metrics: int
+    kueue_health: int
+    prometheus: int
+
+    @classmethod
+    def pick(cls) -> _Ports:
+        return cls(*processes.free_ports(9))
+
+
+class Cluster:
+    """Brings the local cluster up in ``folder`` and records what it started."""
+
+    def __init__(self, folder: Path, bin_dir: Path, log: Callable[[str], None]) -> None:
+        self.folder = folder
+        self.bin = bin_dir
+        self.say = log
+        self.ports = _Ports.pick()
+        self.pki: ClusterPki
+        self.kubeconfig = folder / "kubeconfig"
+        self.manifests = bin_dir / "manifests"
+        versions = json.loads((bin_dir / "versions.json").read_text())
+        self.env = ClusterEnv(
+            kubeconfig=str(self.kubeconfig),
+            api_server=f"https://127.0.0.1:{self.ports.apiserver}",
+            prometheus_url=f"http://127.0.0.1:{self.ports.prometheus}",
+            prometheus_sd_dir=str(folder / "prometheus-sd"),
+            bin_dir=str(bin_dir),
+            manifests_dir=str(self.manifests),
+            run_dir=str(folder),
+            versions={str(k): str(v) for k, v in versions.items()},
+        )
+        self.kubectl = Kubectl(bin_dir / "kubectl", self.kubeconfig)
+
+    # Each step starts one component and returns once it answers.
+
+    def _start(
+        self,
+        name: str,
+        argv: list[str],
+        ready: Callable[[], bool],
+        *,
+        timeout: float = 60.0,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> processes.Running:
+        began = time.monotonic()
+        running = processes.start(name, argv, self.folder, env=env)
+        self.env.components[name] = {
+            "pid": running.pid,
+            "exe": running.exe,
+            "log": str(running.log),
+            "port": port,
+        }
+        self.env.write(self.folder)
+        processes.wait_until_ready(running, ready, timeout)
+        self.say(f"  {name:<24} up in {time.monotonic() - began:5.1f}s (pid {running.pid})")
+        return running
+
+    def up(self) -> ClusterEnv:
+        """Start every component; on failure the caller stops what was started."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.pki = create_cluster_pki(self.folder / "pki")
+        write_kubeconfig(
+            self.kubeconfig, self.env.api_server, self.pki.ca.cert, self.pki.admin, "admin"
+        )
+        (self.folder / "prometheus-sd").mkdir(exist_ok=True)
+        self.env.write(self.folder)
+        self._etcd()
+        self._apiserver()
+        self._controller_manager()
+        self._scheduler()
+        self._install_crds()
+        self._kwok()
+        self._kueue()
+        self._prometheus()
+        self._process_kubelet()
+        self.env.complete = True
+        self.env.write(self.folder)
+        return self.env
+
+    def _etcd(self) -> None:
+        p = self.ports
+        peer = f"http://127.0.0.1:{p.etcd_peer}"
+        client = f"http://127.0.0.1:{p.etcd_client}"
+        argv = [
+            str(self.bin / "etcd"),
+            "--name=testbed",
+            f"--data-dir={self.folder / 'etcd-data'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=testbed={peer}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ]
+
+        def healthy() -> bool:
+            status, body = _http_get(f"{client}/health")
+            return status == 200 and json.loads(body).get("health") == "true"
+
+        self._start("etcd", argv, healthy, port=p.etcd_client)
+
+    def _apiserver(self) -> None:
+        p, pki = self.ports, self.pki
+        argv = [
+            str(self.bin / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={p.apiserver}",
+            f"--cert-dir={self.folder / 'pki' / 'apiserver-generated'}",
+            f"--tls-cert-file={pki.apiserver.cert}",
+            f"--tls-private-key-file={pki.apiserver.key}",
+            f"--client-ca-file={pki.ca.cert}",
+            # Only so that the extension-apiserver-authentication ConfigMap is complete (the
+            # scheduler logs errors otherwise); no certificate with this name is ever issued.
+            f"--requestheader-client-ca-file={pki.ca.cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            "--authorization-mode=Node,RBAC",
+            "--endpoint-reconciler-type=none",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--v=1",
+        ]
+        ready = _ok(f"{self.env.api_server}/readyz", ca=pki.ca.cert, client=pki.admin)
+        self._start("kube-apiserver", argv, ready, timeout=120, port=p.apiserver)
+
+    def _controller_manager(self) -> None:
+        argv = [
+            str(self.bin / "kube-controller-manager"),
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            f"--root-ca-file={self.pki.ca.cert}",
+            f"--service-account-private-key-file={self.pki.sa_key}",
+            "--secure-port=0",
+            "--v=1",
+        ]
+
+        # The service-account controller creating `default` shows the controllers are running
+        # (pods cannot be created in a namespace before it exists).
+        def ready() -> bool:
+            return self.kubectl.run("get", "serviceaccount", "default", check=False).returncode == 0
+
+        self._start("kube-controller-manager", argv, ready, timeout=90)
+
+    def _scheduler(self) -> None:
+        port = self.ports.scheduler
+        argv = [
+            str(self.bin / "kube-scheduler"),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self.folder / 'pki' / 'scheduler-generated'}",
+            "--v=1",
+        ]
+        ready = _ok(f"https://127.0.0.1:{port}/healthz", verify=False)
+        self._start("kube-scheduler", argv, ready, port=port)
+
+    def _install_crds(self) -> None:
+        """Kueue's CRDs (conversion webhooks by URL) and Argo CD's, server-side applied."""
+        began = time.monotonic()
+        crds: list[dict[str, Any]] = []
+        for path in sorted((self.manifests / "kueue" / "crd" / "bases").glob("*.yaml")):
+            crds.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+        converted = self._kueue_conversion_crds()
+        url = f"https://127.0.0.1:{self.ports.kueue_webhook}/convert"
+        for crd in crds:
+            if crd["metadata"]["name"] in converted:
+                crd["spec"]["conversion"] = {
+                    "strategy": "Webhook",
+                    "webhook": {
+                        "clientConfig": {"url": url, "caBundle": self._ca_bundle()},
+                        "conversionReviewVersions": ["v1"],
+                    },
+                }
+        for path in sorted((self.manifests / "argocd").glob("*.yaml")):
+            crds.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+        self.kubectl.apply(crds)
+        self.kubectl.apply(
+            [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}]
+        )
+        self.kubectl.run(
+            "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s", timeout=90
+        )
+        self.say(f"  {'CRDs (Kueue, Argo CD)':<24} in {time.monotonic() - began:5.1f}s")
+
+    def _kueue_conversion_crds(self) -> set[str]:
+        """CRD names Kueue's own kustomization gives a conversion webhook."""
+        crd_dir = self.manifests / "kueue" / "crd"
+        kustomization = yaml.safe_load((crd_dir / "kustomization.yaml").read_text())
+        names = set()
+        for patch in kustomization.get("patches") or []:
+            doc = yaml.safe_load((crd_dir / patch["path"]).read_text())
+            if doc.get("spec", {}).get("conversion", {}).get("strategy") == "Webhook":
+                names.add(doc["metadata"]["name"])
+        return names
+
+    def _ca_bundle(self) -> str:
+        return base64.b64encode(self.pki.ca.cert.read_bytes()).decode()
+
+    def _kwok(self) -> None:
+        folder = self.folder / "kwok"
+        folder.mkdir(exist_ok=True)
+        stages = kwok_stages(self.manifests / "kwok" / "stage")
+        stage_file = folder / "stages.yaml"
+        stage_file.write_text(yaml.safe_dump_all(stages, sort_keys=False))
+        port = self.ports.kwok
+        argv = [
+            str(self.bin / "kwok"),
+            f"--kubeconfig={self.kubeconfig}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            f"--server-address=127.0.0.1:{port}",
+            "--node-lease-duration-seconds=40",
+            f"--config={stage_file}",
+        ]
+        self._start(
+            "kwok",
+            argv,
+            _ok(f"http://127.0.0.1:{port}/healthz"),
+            port=port,
+            env={"HOME": str(folder)},
+        )
+        began = time.monotonic()
+        self.kubectl.run("apply", "-f", str(MANIFESTS / "nodes.yaml"))
+        self.kubectl.run(
+            "wait", "--for=condition=Ready", "node", "--all", "--timeout=60s", timeout=90
+        )
+        self.say(f"  {'KWOK GPU nodes':<24} Ready in {time.monotonic() - began:5.1f}s")
+
+    def _kueue(self) -> None:
+        folder = self.folder / "kueue"
+        certs = folder / "certs"
+        certs.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.pki.webhook.cert, certs / "tls.crt")
+        shutil.copy(self.pki.webhook.key, certs / "tls.key")
+        _ensure_kueue_metrics_certs(self.pki.webhook)
+        p = self.ports
+        config = {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": "kueue-system",
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{p.kueue_health}"},
+            "metrics": {"bindAddress": f"127.0.0.1:{p.kueue_metrics}"},
+            "webhook": {"host": "127.0.0.1", "port": p.kueue_webhook, "certDir": str(certs)},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "manageJobsWithoutQueueName": False,
+            "managedJobsNamespaceSelector": _not_system_namespaces(),
+            "integrations": {"frameworks": list(KUEUE_INTEGRATIONS)},
+            # The visibility API server would need its own serving certificates and an
+            # APIService; nothing here uses it.
+            "featureGates": {"VisibilityOnDemand": False},
+            "clientConnection": {"qps": 100, "burst": 200},
+        }
+        config_file = folder / "config.yaml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        argv = [
+            str(self.bin / "kueue"),
+            f"--config={config_file}",
+            f"--kubeconfig={self.kubeconfig}",
+            "--zap-log-level=info",
+        ]
+        self._start(
+            "kueue",
+            argv,
+            _ok(f"http://127.0.0.1:{p.kueue_health}/readyz"),
+            timeout=90,
+            port=p.kueue_webhook,
+        )
+        began = time.monotonic()
+        # Webhooks fail closed, so they are registered only once Kueue answers.
+        self.kubectl.apply(self._kueue_webhooks())
+        self._apply_with_retry((MANIFESTS / "kueue.yaml").read_text())
+        self._apply_with_retry(yaml.safe_dump_all(local_queue_objects("default")))
+        self.kubectl.run(
+            "wait", "--for=condition=Active", "clusterqueue", "--all", "--timeout=60s", timeout=90
+        )
+        self.say(f"  {'Kueue queues':<24} Active in {time.monotonic() - began:5.1f}s")
+
+    def _apply_with_retry(self, text: str, attempts: int = 20) -> None:
+        # Right after registration the API server may not yet reach the webhook.
+        for attempt in range(attempts):
+            try:
+                self.kubectl.apply(text)
+                return
+            except KubectlError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.5)
+
+    def _kueue_webhooks(self) -> list[dict[str, Any]]:
+        """Kueue's webhook configurations, pointed at 127.0.0.1 with our CA."""
+        docs = yaml.safe_load_all((self.manifests / "kueue" / "webhook.yaml").read_text())
+        base = f"https://127.0.0.1:{self.ports.kueue_webhook}"
+        out = []
+        for original in docs:
+            if not original:
+                continue
+            doc = copy.deepcopy(original)
+            doc["metadata"]["name"] = "kueue-" + doc["metadata"]["name"]
+            hooks = []
+            for hook in doc.get("webhooks", []):
+                groups = {g for rule in hook.get("rules", []) for g in rule.get("apiGroups", [])}
+                if not groups <= _WEBHOOK_API_GROUPS:
+                    continue
+                path = hook["clientConfig"]["service"]["path"]
+                hook["clientConfig"] = {"url": base + path, "caBundle": self._ca_bundle()}
+                if "kueue.x-k8s.io" not in groups:
+                    hook["namespaceSelector"] = _not_system_namespaces()
+                hooks.append(hook)
+            doc["webhooks"] = hooks
+            out.append(doc)
+        return out
+
+    def _prometheus(self) -> None:
+        folder = self.folder / "prometheus"
+        folder.mkdir(exist_ok=True)
+        port = self.ports.prometheus
+        config = {
+            "global": {
+                "scrape_interval": "2s",
+                "scrape_timeout": "2s",
+                "evaluation_interval": "2s",
+            },
+            "scrape_configs": [
+                {
+                    "job_name": "pods",
+                    "file_sd_configs": [
+                        {
+                            "files": [
+                                str(self.folder / "prometheus-sd" / "*.json"),
+                                str(self.folder / "prometheus-sd" / "*.yaml"),
+                            ],
+                            "refresh_interval": "2s",
+                        }
+                    ],
+                },
+                {"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]},
+            ],
+        }
+        config_file = folder / "prometheus.yml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        argv = [
+            str(prometheus_binary()),
+            f"--config.file={config_file}",
+            f"--storage.tsdb.path={folder / 'data'}",
+            "--storage.tsdb.retention.time=1d",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+        ]
+        self._start(
+            "prometheus", argv, _ok(f"{self.env.prometheus_url}/-/ready"), port=port, timeout=60
+        )
+
+    def _process_kubelet(self) -> None:
+        if not PROCESS_KUBELET.exists():
+            self.say(f"  WARNING: {PROCESS_KUBELET.relative_to(REPO_ROOT)} is missing; not started")
+            return
+        folder = self.folder / "process-kubelet"
+        folder.mkdir(exist_ok=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "testbed.process_kubelet",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--run-dir={folder}",
+            f"--sd-dir={self.folder / 'prometheus-sd'}",
+        ]
+        pythonpath = os.pathsep.join(
+            [str(REPO_ROOT / "e2e"), str(REPO_ROOT / "operator"), os.environ.get("PYTHONPATH", "")]
+        )
+        deadline = time.monotonic() + 3.0
+        # It has no port of its own to probe: alive for a few seconds counts as up.
+        self._start(
+            "process-kubelet",
+            argv,
+            lambda: time.monotonic() > deadline,
+            timeout=30,
+            env={
+                "PYTHONPATH": pythonpath.rstrip(os.pathsep),
+                "PATH": f"{self.bin}:{os.environ.get('PATH', '')}",
+            },
+        )
+
+
+def _not_system_namespaces() -> dict[str, Any]:
+    return {
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": list(SYSTEM_NAMESPACES),
+            }
+        ]
+    }
+
+
+def _ensure_kueue_metrics_certs(pair: CertPair) -> None:
+    """Kueue without internal cert management insists on /etc/kueue/metrics/certs/tls.{crt,key}.
+
+    The path is compiled in; any valid pair will do, so an existing one is left alone.
+    """
+    crt, key = KUEUE_METRICS_CERT_DIR / "tls.crt", KUEUE_METRICS_CERT_DIR / "tls.key"
+    if crt.exists() and key.exists():
+        return
+    try:
+        KUEUE_METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+        shutil.copy(pair.cert, crt)
+        shutil.copy(pair.key, key)
+    except OSError as err:
+        raise RuntimeError(
+            f"Kueue needs a certificate pair in {KUEUE_METRICS_CERT_DIR} (a path compiled into it) "
+            f"and it cannot be written ({err}). Create it once with: sudo mkdir -p "
+            f"{KUEUE_METRICS_CERT_DIR} && sudo chown $USER {KUEUE_METRICS_CERT_DIR}"
+        ) from err
+
+
+def kwok_stages(stage_dir: Path) -> list[dict[str, Any]]:
+    """KWOK's upstream node and pod stages; pod stages skip pods the process kubelet runs."""
+    files = [
+        stage_dir / "node" / "fast" / "node-initialize.yaml",
+        stage_dir / "node" / "heartbeat-with-lease" / "node-heartbeat-with-lease.yaml",
+        stage_dir / "pod" / "fast" / "pod-ready.yaml",
+        stage_dir / "pod" / "fast" / "pod-complete.yaml",
+        stage_dir / "pod" / "fast" / "pod-delete.yaml",
+    ]
+    stages: list[dict[str, Any]] = []
+    for path in files:
+        for stage in yaml.safe_load_all(path.read_text()):
+            if not stage:
+                continue
+            if stage["spec"]["resourceRef"]["kind"] == "Pod":
+                selector = stage["spec"].setdefault("selector", {})
+                selector.setdefault("matchExpressions", []).append(
+                    {
+                        "key": f'.metadata.annotations["{LOCAL_PROCESS_ANNOTATION}"]',
+                        "operator": "NotIn",
+                        "values": ["true"],
+                    }
+                )
+            stages.append(stage)
+    return stages
+
+
+def local_queue_objects(namespace: str) -> list[dict[str, Any]]:
+    """The LocalQueues `interactive` and `batch` of ``namespace``, each on its ClusterQueue."""
+    return [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterQueue": name},
+        }
+        for name in QUEUE_NAMES
+    ]
+
+
+def create_namespace_with_queues(kubectl: Kubectl, namespace: str, timeout: float = 60.0) -> None:
+    """Create ``namespace`` with both LocalQueues; returns once pods can be created in it."""
+    kubectl.apply(
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+            *local_queue_objects(namespace),
+        ]
+    )
+    deadline = time.monotonic() + timeout
+    while kubectl.run("get", "serviceaccount", "default", "-n", namespace, check=False).returncode:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"namespace {namespace}: no default ServiceAccount after {timeout}s")
+        time.sleep(0.2)
+
+
+# --- the commands ----------------------------------------------------------------------------
+
+
+def health(env: ClusterEnv) -> list[str]:
+    """What is wrong with a recorded cluster: dead components, API server not ready."""
+    problems = [] if env.complete else ["its start did not finish"]
+    for name, info in env.components.items():
+        if not processes.is_alive(int(info["pid"]), str(info["exe"])):
+            problems.append(f"{name} (pid {info['pid']}) is not running; log: {info['log']}")
+    ca = Path(env.run_dir) / "pki" / "ca.crt"
+    admin = CertPair(
+        Path(env.run_dir) / "pki" / "admin.crt", Path(env.run_dir) / "pki" / "admin.key"
+    )
+    try:
+        status, body = _http_get(f"{env.api_server}/readyz", ca=ca, client=admin)
+        if status != 200:
+            problems.append(f"kube-apiserver /readyz answered {status}: {body[:200]!r}")
+    except OSError as err:
+        problems.append(f"kube-apiserver {env.api_server} unreachable: {err}")
+    return problems
+
+
+@contextlib.contextmanager
+def _exclusive(folder: Path) -> Iterator[None]:
+    """One `up` or `down` at a time per run folder (a second `up` waits, then reuses)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with (folder.parent / f".{folder.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def up(log: Callable[[str], None] = print, folder: Path | None = None) -> tuple[ClusterEnv, bool]:
+    """Start the cluster, or reuse a healthy running one. Returns (env, whether it started it)."""
+    folder = folder or run_dir()
+    with _exclusive(folder):
+        return _up(log, folder)
+
+
+def _up(log: Callable[[str], None], folder: Path) -> tuple[ClusterEnv, bool]:
+    existing = ClusterEnv.read(folder)
+    if existing is not None:
+        if not health(existing):
+            log(f"reusing the running cluster in {folder}")
+            return existing, False
+        log("a previous cluster is recorded but not healthy; stopping what is left of it")
+        _down(log, folder)
+    began = time.monotonic()
+    bin_dir = tools_dir(build=True)
+    prometheus_binary()
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    log(f"starting the local cluster in {folder}")
+    cluster = Cluster(folder, bin_dir, log)
+    try:
+        env = cluster.up()
+    except BaseException:
+        log("start failed; stopping what was started (logs are kept)")
+        _down(log, folder)
+        raise
+    log(f"cluster up in {time.monotonic() - began:.1f}s")
+    return env, True
+
+
+def down(log: Callable[[str], None] = print, folder: Path | None = None) -> None:
+    """Stop exactly the processes recorded in the run folder's pid files."""
+    folder = folder or run_dir()
+    with _exclusive(folder):
+        _down(log, folder)
+
+
+def _down(log: Callable[[str], None], folder: Path) -> None:
+    env = ClusterEnv.read(folder)
+    recorded = env.components if env else {}
+    pid_files = {p.stem: p for p in folder.glob("*.pid")} if folder.exists() else {}
+    names = [n for n in STOP_ORDER if n in pid_files or n in recorded]
+    names += sorted((set(pid_files) | set(recorded)) - set(names))
+    for name in names:
+        info = recorded.get(name, {})
+        try:
+            pid = int(info.get("pid") or pid_files[name].read_text().strip())
+        except (KeyError, ValueError, OSError):
+            continue
+        exe = info.get("exe")
+        if processes.stop(pid, exe, timeout=20 if name == "process-kubelet" else 15):
+            log(f"  stopped {name} (pid {pid})")
+        pid_files.get(name, folder / f"{name}.pid").unlink(missing_ok=True)
+    (folder / "env.json").unlink(missing_ok=True)
