@@ -65,6 +65,13 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A private registry has none of kopf's default activities: log in as the client does
+        # (in-cluster service account, else KUBECONFIG).
+        info: kopf.ConnectionInfo | None = kopf.login_via_client(**kwargs)
+        return info
+
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = FINALIZER
