@@ -106,8 +106,33 @@ class OperatorProcess:
         return WRITE_LINE.findall(self.log_text()[offset:])
 
 
+@pytest.fixture(scope="module")
+def sd_crd(kubectl: Kubectl) -> None:
+    """The SpeculativeDeployment CRD from crds/, installed, established and discoverable."""
+    for path in sorted((REPO_ROOT / "crds").glob("*.yaml")):
+        kubectl.apply(path.read_text())
+    kubectl.run(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/speculativedeployments.specdeploy.dev",
+        timeout=70,
+    )
+    # kubectl caches discovery; listing the group's resources refreshes the cache.
+    eventually(
+        lambda: (
+            "speculativedeployments"
+            in kubectl.run("api-resources", "--api-group=specdeploy.dev", check=False).stdout
+        ),
+        30,
+        "the SpeculativeDeployment kind in discovery",
+    )
+
+
 @pytest.fixture
-def operator(cluster: ClusterEnv, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+def operator(
+    cluster: ClusterEnv, namespace: str, tmp_path: Path, sd_crd: None
+) -> Iterator[OperatorProcess]:
     """The operator watching this test's namespace; its log is printed when a test fails."""
     config = {
         "reconcileIntervalSeconds": 2,
