@@ -111,14 +111,7 @@ def sd_crd(kubectl: Kubectl) -> None:
     """The SpeculativeDeployment CRD from crds/, installed, established and discoverable."""
     for path in sorted((REPO_ROOT / "crds").glob("*.yaml")):
         kubectl.apply(path.read_text())
-    kubectl.run(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/speculativedeployments.specdeploy.dev",
-        timeout=70,
-    )
-    # kubectl caches discovery; listing the group's resources refreshes the cache.
+    # Served once established; kubectl caches discovery, and listing the group refreshes it.
     eventually(
         lambda: (
             "speculativedeployments"

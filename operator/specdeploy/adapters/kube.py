@@ -110,7 +110,9 @@ class KubeAdapter:
     def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
         """Kueue Workloads of the namespace; empty when Kueue is not installed."""
         try:
-            resource = self.dynamic.resources.get(group=KUEUE_GROUP, kind="Workload")
+            resource = self.dynamic.resources.get(
+                group=KUEUE_GROUP, kind="Workload", preferred=True
+            )
         except ResourceNotFoundError:
             return []
         items: list[dict[str, Any]] = resource.get(namespace=namespace).to_dict().get("items") or []
@@ -119,7 +121,9 @@ class KubeAdapter:
     def get_local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Kueue LocalQueue, or None when it (or Kueue) does not exist."""
         try:
-            resource = self.dynamic.resources.get(group=KUEUE_GROUP, kind="LocalQueue")
+            resource = self.dynamic.resources.get(
+                group=KUEUE_GROUP, kind="LocalQueue", preferred=True
+            )
             found: dict[str, Any] = resource.get(name=name, namespace=namespace).to_dict()
         except (ResourceNotFoundError, NotFoundError):
             return None

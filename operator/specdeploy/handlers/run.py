@@ -96,13 +96,18 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
                 f"API {error.status}: {error.reason}", delay=RETRY_DELAY_SECONDS
             ) from error
 
-    @kopf.on.resume(*resource, registry=registry)
-    @kopf.on.create(*resource, registry=registry)
-    @kopf.on.update(*resource, registry=registry)
+    @kopf.on.resume(*resource, registry=registry, backoff=RETRY_DELAY_SECONDS)
+    @kopf.on.create(*resource, registry=registry, backoff=RETRY_DELAY_SECONDS)
+    @kopf.on.update(*resource, registry=registry, backoff=RETRY_DELAY_SECONDS)
     def on_spec(namespace: str | None, name: str | None, **_: Any) -> None:
         reconcile_now(namespace, name)
 
-    @kopf.timer(*resource, interval=config.reconcile_interval_seconds, registry=registry)
+    @kopf.timer(
+        *resource,
+        interval=config.reconcile_interval_seconds,
+        backoff=RETRY_DELAY_SECONDS,
+        registry=registry,
+    )
     def periodically(namespace: str | None, name: str | None, **_: Any) -> None:
         reconcile_now(namespace, name)
 
