@@ -436,3 +436,12 @@ def test_an_eagle3_head_without_a_shape_is_estimated_from_its_target() -> None:
     assert models_needing_shapes(spec) == []
     result = size_pair(spec, bed_nodes(), CONFIG)
     assert not isinstance(result, ShapeUnknown)
+
+
+def test_reported_slice_memory_from_node_labels_wins_over_the_name() -> None:
+    labels = {"nvidia.com/mig.strategy": "mixed", "nvidia.com/mig-3g.40gb.memory": "40320"}
+    nodes = read_gpu_inventories([node("mig", H100, {"nvidia.com/mig-3g.40gb": "8"}, labels)])
+    assert nodes[0].mig_offers[0].profile.memory_gib == pytest.approx(39.375)
+    # 38.5 GiB: above 95 % of 40 GB (38.0), below the reported 39.4 GiB.
+    decision = decided(size_pair(spec_needing(38.5), nodes, CONFIG))
+    assert decision.mig_profile == "3g.40gb"

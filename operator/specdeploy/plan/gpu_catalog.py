@@ -40,9 +40,14 @@ class MigProfile:
     name: str
     compute_slices: int
     memory_gb: int
+    # What GPU feature discovery reports for the slice (`nvidia.com/mig-<profile>.memory`).
+    reported_memory_mib: int | None = None
 
     @property
     def memory_gib(self) -> float:
+        """The reported memory when a node label gives it, else 95 % of the name's figure."""
+        if self.reported_memory_mib is not None:
+            return self.reported_memory_mib / 1024
         return self.memory_gb * MIG_NAME_TO_GIB
 
     @property
@@ -200,6 +205,14 @@ def _infer_product_from_memory(
     return min(candidates, key=lambda p: abs(p.memory_gib - gib)) if candidates else None
 
 
+def _with_reported_memory(profile: MigProfile, labels: Mapping[str, str]) -> MigProfile:
+    """The profile with the memory GPU feature discovery reports for it on this node, if any."""
+    reported = labels.get(f"{MIG_RESOURCE_PREFIX}{profile.name}.memory")
+    if reported is None or not reported.isdigit():
+        return profile
+    return MigProfile(profile.name, profile.compute_slices, profile.memory_gb, int(reported))
+
+
 def read_gpu_inventory(
     node: Mapping[str, Any], catalog: Iterable[GpuProduct] = GPU_PRODUCTS
 ) -> GpuNodeInventory | None:
@@ -247,6 +260,10 @@ def read_gpu_inventory(
             MigOffer(product.mig_profile(o.profile.name) or o.profile, o.count, o.resource_name)
             for o in mixed_offers
         ]
+    mixed_offers = [
+        MigOffer(_with_reported_memory(o.profile, labels), o.count, o.resource_name)
+        for o in mixed_offers
+    ]
 
     strategy: MigStrategy
     if single_profile_name is not None or (declared_strategy == "single" and gpu_units):
@@ -262,6 +279,7 @@ def read_gpu_inventory(
         profile = (product.mig_profile(single_profile_name) if product else None) or (
             parse_mig_profile_name(single_profile_name)
         )
+        profile = _with_reported_memory(profile, labels)
         return GpuNodeInventory(
             node_name=str(metadata.get("name", "")),
             product=product,
