@@ -92,7 +92,8 @@ def cluster() -> Iterator[ClusterEnv]:
     if external:
         yield _external_env(external)
         return
-    env, started = up()
+    # Started here, the components stop with this process even if it is killed.
+    env, started = up(die_with_parent=True)
     try:
         yield env
     finally:

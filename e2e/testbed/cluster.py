@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -183,8 +184,15 @@ class _Ports:
 class Cluster:
     """Brings the local cluster up in ``folder`` and records what it started."""
 
-    def __init__(self, folder: Path, bin_dir: Path, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        bin_dir: Path,
+        log: Callable[[str], None],
+        die_with_parent: bool = False,
+    ) -> None:
         self.folder = folder
+        self.die_with_parent = die_with_parent
         self.bin = bin_dir
         self.say = log
         self.ports = _Ports.pick()
@@ -217,7 +225,16 @@ class Cluster:
         env: dict[str, str] | None = None,
     ) -> processes.Running:
         began = time.monotonic()
-        running = processes.start(name, argv, self.folder, env=env)
+        # An orphaned API server waits for etcd forever on SIGTERM: kill outright, except the
+        # process kubelet, which needs SIGTERM to stop the processes it runs.
+        death = signal.SIGTERM if name == "process-kubelet" else signal.SIGKILL
+        running = processes.start(
+            name,
+            argv,
+            self.folder,
+            env=env,
+            parent_death_signal=death if self.die_with_parent else None,
+        )
         self.env.components[name] = {
             "pid": running.pid,
             "exe": running.exe,
@@ -363,9 +380,7 @@ class Cluster:
         self.kubectl.apply(
             [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}]
         )
-        self.kubectl.run(
-            "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s", timeout=90
-        )
+        wait_for_condition(self.kubectl, "customresourcedefinitions", "Established")
         self.say(f"  {'CRDs (Kueue, Argo CD)':<24} in {time.monotonic() - began:5.1f}s")
 
     def _kueue_conversion_crds(self) -> set[str]:
@@ -407,9 +422,7 @@ class Cluster:
         )
         began = time.monotonic()
         self.kubectl.run("apply", "-f", str(MANIFESTS / "nodes.yaml"))
-        self.kubectl.run(
-            "wait", "--for=condition=Ready", "node", "--all", "--timeout=60s", timeout=90
-        )
+        wait_for_condition(self.kubectl, "nodes", "Ready")
         self.say(f"  {'KWOK GPU nodes':<24} Ready in {time.monotonic() - began:5.1f}s")
 
     def _kueue(self) -> None:
@@ -457,9 +470,7 @@ class Cluster:
         self.kubectl.apply(self._kueue_webhooks())
         self._apply_with_retry((MANIFESTS / "kueue.yaml").read_text())
         self._apply_with_retry(yaml.safe_dump_all(local_queue_objects("default")))
-        self.kubectl.run(
-            "wait", "--for=condition=Active", "clusterqueue", "--all", "--timeout=60s", timeout=90
-        )
+        wait_for_condition(self.kubectl, "clusterqueues.kueue.x-k8s.io", "Active")
         self.say(f"  {'Kueue queues':<24} Active in {time.monotonic() - began:5.1f}s")
 
     def _apply_with_retry(self, text: str, attempts: int = 20) -> None:
@@ -566,6 +577,31 @@ class Cluster:
                 "PATH": f"{self.bin}:{os.environ.get('PATH', '')}",
             },
         )
+
+
+def wait_for_condition(
+    kubectl: Kubectl, resource: str, condition: str, timeout: float = 60
+) -> None:
+    """Wait until every object of a cluster-scoped ``resource`` has ``condition`` True.
+
+    (``kubectl wait --all`` fails outright on an object that has no conditions yet.)
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        items = kubectl.get_json(resource)["items"]
+        waiting = [
+            item["metadata"]["name"]
+            for item in items
+            if not any(
+                c.get("type") == condition and c.get("status") == "True"
+                for c in (item.get("status") or {}).get("conditions") or []
+            )
+        ]
+        if items and not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{resource} not {condition} after {timeout:.0f}s: {waiting}")
+        time.sleep(0.25)
 
 
 def _not_system_namespaces() -> dict[str, Any]:
@@ -689,14 +725,21 @@ def _exclusive(folder: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def up(log: Callable[[str], None] = print, folder: Path | None = None) -> tuple[ClusterEnv, bool]:
-    """Start the cluster, or reuse a healthy running one. Returns (env, whether it started it)."""
+def up(
+    log: Callable[[str], None] = print,
+    folder: Path | None = None,
+    die_with_parent: bool = False,
+) -> tuple[ClusterEnv, bool]:
+    """Start the cluster, or reuse a healthy running one. Returns (env, whether it started it).
+
+    ``die_with_parent``: components started now stop when the calling process dies.
+    """
     folder = folder or run_dir()
     with _exclusive(folder):
-        return _up(log, folder)
+        return _up(log, folder, die_with_parent)
 
 
-def _up(log: Callable[[str], None], folder: Path) -> tuple[ClusterEnv, bool]:
+def _up(log: Callable[[str], None], folder: Path, die_with_parent: bool) -> tuple[ClusterEnv, bool]:
     existing = ClusterEnv.read(folder)
     if existing is not None:
         if not health(existing):
@@ -711,7 +754,7 @@ def _up(log: Callable[[str], None], folder: Path) -> tuple[ClusterEnv, bool]:
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     log(f"starting the local cluster in {folder}")
-    cluster = Cluster(folder, bin_dir, log)
+    cluster = Cluster(folder, bin_dir, log, die_with_parent=die_with_parent)
     try:
         env = cluster.up()
     except BaseException:

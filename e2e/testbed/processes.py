@@ -9,6 +9,7 @@ PID still runs the executable we started.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -63,6 +64,18 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal(sig: signal.Signals) -> Callable[[], None]:
+    def arm() -> None:
+        # Runs in the child between fork and exec: the kernel sends `sig` when the parent dies.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+    return arm
+
+
 @dataclass(frozen=True)
 class Running:
     """A started component: what the pid file and env.json record about it."""
@@ -77,10 +90,16 @@ def start(
     name: str,
     argv: Sequence[str],
     run_dir: Path,
+    *,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    parent_death_signal: signal.Signals | None = None,
 ) -> Running:
-    """Start one component in the background; returns once the process exists."""
+    """Start one component in the background; returns once the process exists.
+
+    With ``parent_death_signal`` the component gets that signal when the starting process dies
+    (used when a test session owns the cluster, so a killed session leaves nothing running).
+    """
     log = run_dir / f"{name}.log"
     full_env = dict(os.environ)
     if env:
@@ -96,6 +115,9 @@ def start(
             env=full_env,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=(  # noqa: PLW1509
+                _parent_death_signal(parent_death_signal) if parent_death_signal else None
+            ),
         )
     (run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
     return Running(name=name, pid=proc.pid, exe=str(argv[0]), log=log)
