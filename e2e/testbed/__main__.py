@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
+import yaml
+
 from testbed import processes
-from testbed.cluster import ClusterEnv, down, health, run_dir, up
+from testbed.cluster import ClusterEnv, down, health, kwok_stages, run_dir, seed, tools_dir, up
+from testbed.kubectl import Kubectl
 
 
 def _exports(env: ClusterEnv) -> str:
@@ -26,7 +31,11 @@ def _exports(env: ClusterEnv) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m testbed", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    parser.add_argument(
+        "command",
+        choices=["up", "down", "status", "env", "seed", "kwok-stages"],
+        help="seed / kwok-stages: for another cluster named by KUBECONFIG (docs/testbed.md)",
+    )
     parser.add_argument("--run-dir", type=Path, default=None, help="default: .run/cluster")
     args = parser.parse_args(argv)
     folder: Path = args.run_dir.resolve() if args.run_dir else run_dir()
@@ -45,6 +54,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "down":
         down(log=log, folder=folder)
+        return 0
+    if args.command == "kwok-stages":
+        stages = kwok_stages(tools_dir(build=True) / "manifests" / "kwok" / "stage")
+        print(yaml.safe_dump_all(stages, sort_keys=False), end="")
+        return 0
+    if args.command == "seed":
+        kubectl_bin = shutil.which("kubectl")
+        kubeconfig = os.environ.get("KUBECONFIG")
+        if not kubectl_bin or not kubeconfig:
+            log("seed needs kubectl on PATH and KUBECONFIG naming the cluster")
+            return 1
+        manifests = tools_dir(build=True) / "manifests"
+        seed(Kubectl(Path(kubectl_bin), Path(kubeconfig)), manifests, log=log)
         return 0
     recorded = ClusterEnv.read(folder)
     if recorded is None:

@@ -374,8 +374,7 @@ class Cluster:
                         "conversionReviewVersions": ["v1"],
                     },
                 }
-        for path in sorted((self.manifests / "argocd").glob("*.yaml")):
-            crds.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+        crds.extend(argocd_crds(self.manifests))
         self.kubectl.apply(crds)
         self.kubectl.apply(
             [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}]
@@ -661,6 +660,31 @@ def kwok_stages(stage_dir: Path) -> list[dict[str, Any]]:
                 )
             stages.append(stage)
     return stages
+
+
+def argocd_crds(manifests_dir: Path) -> list[dict[str, Any]]:
+    """Argo CD's Application, ApplicationSet and AppProject CRDs (from the build cache)."""
+    crds: list[dict[str, Any]] = []
+    for path in sorted((manifests_dir / "argocd").glob("*.yaml")):
+        crds.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return crds
+
+
+def seed(kubectl: Kubectl, manifests_dir: Path, log: Callable[[str], None] = print) -> None:
+    """Put the test bed's objects into another cluster that already runs Kueue and KWOK.
+
+    Argo CD CRDs, the fake GPU nodes, the ResourceFlavors and ClusterQueues, and the LocalQueues
+    of `default`. For kind and other clusters; the local test bed does this itself in `up`.
+    """
+    kubectl.apply(argocd_crds(manifests_dir))
+    log("  Argo CD CRDs applied")
+    kubectl.run("apply", "-f", str(MANIFESTS / "nodes.yaml"))
+    wait_for_condition(kubectl, "nodes", "Ready", timeout=120)
+    log("  fake GPU nodes Ready")
+    kubectl.apply((MANIFESTS / "kueue.yaml").read_text())
+    kubectl.apply(local_queue_objects("default"))
+    wait_for_condition(kubectl, "clusterqueues.kueue.x-k8s.io", "Active", timeout=120)
+    log("  Kueue ResourceFlavors, ClusterQueues and LocalQueues in default are in place")
 
 
 def local_queue_objects(namespace: str) -> list[dict[str, Any]]:
