@@ -104,6 +104,14 @@ def test_bad_draft_is_almost_never_accepted(engine_pool: EnginePool) -> None:
     assert outputs == reference
 
 
+def test_small_draft_is_mostly_accepted_and_changes_no_output(engine_pool: EnginePool) -> None:
+    reference = reference_outputs(engine_pool)
+    rate, outputs = acceptance(engine_pool.get("draft-small"))
+    print(f"draft-small acceptance {rate:.3f}")
+    assert rate >= 0.5
+    assert outputs == reference
+
+
 # --- refused pairs --------------------------------------------------------------------------
 
 REFUSALS = [
@@ -162,6 +170,7 @@ def test_tiny_models_are_named_in_the_factory_output(tiny_models: dict[str, str]
         "target",
         "draft-good",
         "draft-bad",
+        "draft-small",
         "eagle3",
         "eagle3-wrong-hidden",
         "eagle3-bad-layers",

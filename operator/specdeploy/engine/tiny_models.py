@@ -5,6 +5,9 @@
 - `target`: a random Llama (hidden 256, 4 layers) with a small BPE tokenizer, `_name_or_path`
   `specdeploy-tiny/target`.
 - `draft-good`: a draft_model with the target's own weights: accepted ~100 % under greedy decoding.
+- `draft-small`: a one-layer draft_model cut from the target (its embeddings, first layer, norm
+  and head; the target's later layers are damped so that it mostly agrees): a quarter of the
+  target's layers, accepted most of the time.
 - `draft-bad`: a random small Llama with the same tokenizer: accepted ~0 %.
 - `eagle3`: an EAGLE-3 head in the speculators format naming the target as its verifier
   (random weights, so its acceptance is ~0 %; it proves the wiring, not the speed-up).
@@ -197,18 +200,43 @@ def _patch_config(folder: Path, **fields: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _write_llama(out: Path, config: Any, seed: int, tokenizer_dir: Path) -> Any:
+def _write_llama(
+    out: Path, config: Any, seed: int, tokenizer_dir: Path, damp_after_first: float = 1.0
+) -> Any:
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32)
+    if damp_after_first != 1.0:
+        # Layers after the first write little into the residual stream, so a one-layer draft cut
+        # from this model predicts it most of the time, as a real small draft does a real target.
+        with torch.no_grad():
+            for layer in model.model.layers[1:]:
+                layer.self_attn.o_proj.weight.mul_(damp_after_first)
+                layer.mlp.down_proj.weight.mul_(damp_after_first)
+    _save_llama(model, out, tokenizer_dir)
+    return model
+
+
+def _save_llama(model: Any, out: Path, tokenizer_dir: Path) -> None:
+    config = model.config
     model.save_pretrained(out, safe_serialization=True)
     for f in tokenizer_dir.iterdir():
         shutil.copy2(f, out / f.name)
     # transformers does not always keep _name_or_path; the checks read it, so write it.
     _patch_config(out, _name_or_path=config._name_or_path, torch_dtype="float32", dtype="float32")
-    return model
+
+
+def _write_first_layer_draft(out: Path, target: Any, tokenizer_dir: Path, name: str) -> None:
+    """A one-layer draft LM: the target's embeddings, first layer, final norm and LM head."""
+    import copy
+
+    draft = copy.deepcopy(target)
+    draft.model.layers = draft.model.layers[:1]
+    draft.config.num_hidden_layers = 1
+    draft.config._name_or_path = name
+    _save_llama(draft, out, tokenizer_dir)
 
 
 def _write_eagle3(out: Path, target: Any, seed: int, verifier: str) -> None:
@@ -271,11 +299,18 @@ def write_tiny_models(out_dir: str | Path) -> dict[str, str]:
 
     _write_tokenizer(folder("tokenizer"), SEED, VOCAB_SIZE)
     target_config = _llama_config(VOCAB_SIZE, HIDDEN_SIZE, TARGET_LAYERS, TARGET_ID)
-    target = _write_llama(folder("target"), target_config, SEED, paths["tokenizer"])
+    target = _write_llama(
+        folder("target"), target_config, SEED, paths["tokenizer"], damp_after_first=0.03
+    )
 
     # The good draft is the target itself under another name.
     shutil.copytree(paths["target"], folder("draft-good"))
     _patch_config(paths["draft-good"], _name_or_path="specdeploy-tiny/draft-good")
+
+    # A cheaper draft that still agrees with the target most of the time.
+    _write_first_layer_draft(
+        folder("draft-small"), target, paths["tokenizer"], "specdeploy-tiny/draft-small"
+    )
 
     bad_config = _llama_config(VOCAB_SIZE, 128, 2, "specdeploy-tiny/draft-bad")
     _write_llama(folder("draft-bad"), bad_config, SEED + 1, paths["tokenizer"])
