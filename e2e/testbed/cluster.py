@@ -220,7 +220,7 @@ class Cluster:
         argv: list[str],
         ready: Callable[[], bool],
         *,
-        timeout: float = 60.0,
+        timeout: float = 120.0,
         port: int | None = None,
         env: dict[str, str] | None = None,
     ) -> processes.Running:
@@ -321,7 +321,7 @@ class Cluster:
             "--v=1",
         ]
         ready = _ok(f"{self.env.api_server}/readyz", ca=pki.ca.cert, client=pki.admin)
-        self._start("kube-apiserver", argv, ready, timeout=120, port=p.apiserver)
+        self._start("kube-apiserver", argv, ready, timeout=180, port=p.apiserver)
 
     def _controller_manager(self) -> None:
         argv = [
@@ -339,7 +339,7 @@ class Cluster:
         def ready() -> bool:
             return self.kubectl.run("get", "serviceaccount", "default", check=False).returncode == 0
 
-        self._start("kube-controller-manager", argv, ready, timeout=90)
+        self._start("kube-controller-manager", argv, ready, timeout=120)
 
     def _scheduler(self) -> None:
         port = self.ports.scheduler
@@ -461,7 +461,7 @@ class Cluster:
             "kueue",
             argv,
             _ok(f"http://127.0.0.1:{p.kueue_health}/readyz"),
-            timeout=90,
+            timeout=120,
             port=p.kueue_webhook,
         )
         began = time.monotonic()
@@ -544,7 +544,7 @@ class Cluster:
             "--web.enable-lifecycle",
         ]
         self._start(
-            "prometheus", argv, _ok(f"{self.env.prometheus_url}/-/ready"), port=port, timeout=60
+            "prometheus", argv, _ok(f"{self.env.prometheus_url}/-/ready"), port=port, timeout=120
         )
 
     def _process_kubelet(self) -> None:
@@ -579,7 +579,7 @@ class Cluster:
 
 
 def wait_for_condition(
-    kubectl: Kubectl, resource: str, condition: str, timeout: float = 60
+    kubectl: Kubectl, resource: str, condition: str, timeout: float = 180
 ) -> None:
     """Wait until every object of a cluster-scoped ``resource`` has ``condition`` True.
 
