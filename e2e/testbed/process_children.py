@@ -216,20 +216,40 @@ def spawn_child(
     return Child(popen=popen, argv=argv, started_monotonic=time.monotonic())
 
 
-def reap_child(child: Child, ledger: PidLedger) -> None:
-    """After the leader exited: kill what is left of its group (a container's end kills all)."""
-    signal_group(child.pid, signal.SIGKILL)
+def has_exited(child: Child) -> bool:
+    """Whether the child's leader has exited, without reaping it.
+
+    While the leader is an unreaped zombie its pid, and so its process group id, cannot be
+    reused, which makes signalling the group afterwards safe.
+    """
+    if child.popen.returncode is not None:
+        return True
+    try:
+        result = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return result is not None
+
+
+def reap_child(child: Child, ledger: PidLedger) -> int:
+    """End a child for good: kill what is left of its group (a container's end kills all its
+    processes), reap the leader, forget its record. Returns the container exit code."""
+    if child.popen.returncode is None:
+        signal_group(child.pid, signal.SIGKILL)
+    child.popen.wait()
     ledger.forget(child.pid)
-
-
-def stop_child(child: Child, grace_seconds: float, ledger: PidLedger) -> int:
-    """SIGTERM the child's group, SIGKILL it after the grace period; returns the exit code."""
-    if child.popen.poll() is None:
-        signal_group(child.pid, signal.SIGTERM)
-        try:
-            child.popen.wait(timeout=grace_seconds)
-        except subprocess.TimeoutExpired:
-            signal_group(child.pid, signal.SIGKILL)
-            child.popen.wait()
-    reap_child(child, ledger)
     return exit_code_of(child.popen.returncode)
+
+
+def stop_children(children: list[Child], grace_seconds: float, ledger: PidLedger) -> list[int]:
+    """SIGTERM every child's group at once, SIGKILL what is left after the grace period.
+
+    Returns the exit codes, in the order of `children`.
+    """
+    for child in children:
+        if not has_exited(child):
+            signal_group(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline and not all(has_exited(child) for child in children):
+        time.sleep(0.05)
+    return [reap_child(child, ledger) for child in children]

@@ -39,10 +39,10 @@ from kubernetes.watch import watch as kube_watch
 from testbed.process_children import (
     Child,
     PidLedger,
-    exit_code_of,
+    has_exited,
     reap_child,
     spawn_child,
-    stop_child,
+    stop_children,
 )
 from testbed.process_plan import (
     BACKOFF_RESET_AFTER_SECONDS,
@@ -459,8 +459,8 @@ class PodWorker(threading.Thread):
 
     def _tend(self, run: ContainerRun) -> None:
         """One step of one container: notice its exit, (re)start it, probe it."""
-        if run.child is not None and run.child.popen.poll() is not None:
-            self._record_exit(run, exit_code_of(run.child.popen.returncode))
+        if run.child is not None and has_exited(run.child):
+            self._record_exit(run, reap_child(run.child, self.ledger))
         if run.child is None and run.wants_run and time.monotonic() >= run.start_at:
             self._start(run)
         if run.child is not None:
@@ -560,7 +560,6 @@ class PodWorker(threading.Thread):
         ran_for = 0.0
         if run.child is not None:
             ran_for = time.monotonic() - run.child.started_monotonic
-            reap_child(run.child, self.ledger)
             log.info("%s/%s (pid %d) exited with %d", pod_key(pod), name, run.child.pid, exit_code)
             run.child = None
         if start_error:
@@ -642,17 +641,21 @@ class PodWorker(threading.Thread):
         log.warning("status of %s kept conflicting; trying again later", pod_key(self.pod))
 
     def _stop_all(self, grace: float) -> None:
-        for run in self._runs:
-            if run.child is not None:
-                exit_code = stop_child(run.child, grace, self.ledger)
-                log.info(
-                    "%s/%s (pid %d) stopped, exit code %d",
-                    pod_key(self.pod),
-                    run.spec["name"],
-                    run.child.pid,
-                    exit_code,
-                )
-                self._record_exit(run, exit_code, may_restart=False)
+        """Stop every running container together, as kubelet does, and record their ends."""
+        running = [run for run in self._runs if run.child is not None]
+        children = [run.child for run in running if run.child is not None]
+        if not children:
+            return
+        log.info(
+            "stopping %s (pids %s), grace %.0fs",
+            pod_key(self.pod),
+            ", ".join(str(child.pid) for child in children),
+            grace,
+        )
+        for run, exit_code in zip(
+            running, stop_children(children, grace, self.ledger), strict=True
+        ):
+            self._record_exit(run, exit_code, may_restart=False)
 
     def _finish_deletion(self) -> None:
         """The pod has a deletionTimestamp: stop its processes, then delete it for good.
