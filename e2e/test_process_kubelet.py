@@ -23,6 +23,7 @@ pytestmark = pytest.mark.e2e
 T = TypeVar("T")
 
 REVISION = "e2e0000001"
+LOCAL_PROCESS = {"specdeploy.dev/local-process": "true"}
 
 # A tiny server: /health for the readiness probe, /metrics with a counter. It binds to the
 # address given on its command line, `$(SPECDEPLOY_HOST) $(SPECDEPLOY_PORT)` in the pod spec.
@@ -75,24 +76,23 @@ def core(cluster: ClusterEnv, k8s_api: client.ApiClient) -> client.CoreV1Api:
     return client.CoreV1Api(k8s_api)
 
 
-def local_pod(name: str, container: dict[str, Any], **spec: Any) -> client.V1Pod:
-    return client.V1Pod.model_validate(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "labels": {"specdeploy.dev/name": "pk-demo", "specdeploy.dev/revision": REVISION},
-                "annotations": {"specdeploy.dev/local-process": "true"},
-            },
-            "spec": {
-                "tolerations": [{"operator": "Exists"}],
-                "terminationGracePeriodSeconds": 5,
-                "containers": [{"image": "specdeploy.dev/not-pulled:local", **container}],
-                **spec,
-            },
-        }
-    )
+def local_pod(name: str, container: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A pod for the process kubelet: annotated, tolerating the fake nodes' taints."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"specdeploy.dev/name": "pk-demo", "specdeploy.dev/revision": REVISION},
+            "annotations": LOCAL_PROCESS,
+        },
+        "spec": {
+            "tolerations": [{"operator": "Exists"}],
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{"image": "specdeploy.dev/not-pulled:local", **container}],
+            **spec,
+        },
+    }
 
 
 def read_pod(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, Any]:
@@ -140,7 +140,7 @@ def test_server_pod_is_ready_scraped_with_pod_labels_and_stopped_on_delete(
         "ports": [{"name": "http", "containerPort": 8000}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
     }
-    core.create_namespaced_pod(namespace, local_pod("web", container))
+    core.create_namespaced_pod(namespace, client.V1Pod.model_validate(local_pod("web", container)))
 
     pod = wait_for(
         "pod web Ready", pod_when(core, namespace, "web", lambda p: condition(p, "Ready") == "True")
@@ -198,7 +198,8 @@ def test_exit_code_and_termination_message_reach_the_container_status(
     core: client.CoreV1Api, namespace: str
 ) -> None:
     container = {"name": "engine", "command": ["python3", "-c", REFUSE]}
-    core.create_namespaced_pod(namespace, local_pod("refused", container, restartPolicy="Never"))
+    pod_manifest = local_pod("refused", container, restartPolicy="Never")
+    core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod_manifest))
 
     pod = wait_for(
         "pod refused to fail",
@@ -209,3 +210,67 @@ def test_exit_code_and_termination_message_reach_the_container_status(
     assert terminated["reason"] == "Error"
     assert terminated["message"].strip() == "pair refused: e2e"
     assert condition(pod, "Ready") == "False"
+
+
+def test_deployment_scale_down_stops_the_removed_pod(
+    core: client.CoreV1Api, k8s_api: client.ApiClient, namespace: str
+) -> None:
+    apps = client.AppsV1Api(k8s_api)
+    container = {
+        "name": "web",
+        "command": ["python3", "-c", SERVER],
+        "args": ["$(SPECDEPLOY_HOST)", "$(SPECDEPLOY_PORT)"],
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
+    }
+    labels = {"app": "pk-web", "specdeploy.dev/revision": REVISION}
+    deployment = client.V1Deployment.model_validate(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "pk-web"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "pk-web"}},
+                "template": {
+                    "metadata": {"labels": labels, "annotations": LOCAL_PROCESS},
+                    "spec": local_pod("unused", container)["spec"],
+                },
+            },
+        }
+    )
+    apps.create_namespaced_deployment(namespace, deployment)
+
+    def ready_pods() -> list[dict[str, Any]] | None:
+        response: Any = core.list_namespaced_pod(
+            namespace, label_selector="app=pk-web", _preload_content=False
+        )
+        pods: list[dict[str, Any]] = json.loads(response.data)["items"]
+        ready = [p for p in pods if condition(p, "Ready") == "True"]
+        return pods if len(ready) == len(pods) == 2 else None
+
+    pods = wait_for("two Ready replicas", ready_pods)
+    processes = {
+        p["metadata"]["name"]: read_identity(
+            int(p["status"]["containerStatuses"][0]["containerID"].removeprefix("process://"))
+        )
+        for p in pods
+    }
+    assert all(processes.values())
+
+    apps.patch_namespaced_deployment_scale("pk-web", namespace, {"spec": {"replicas": 1}})
+
+    def one_pod_left() -> list[str] | None:
+        response: Any = core.list_namespaced_pod(
+            namespace, label_selector="app=pk-web", _preload_content=False
+        )
+        names = [p["metadata"]["name"] for p in json.loads(response.data)["items"]]
+        return names if len(names) == 1 else None
+
+    (kept,) = wait_for("the Deployment to scale down to one pod", one_pod_left, seconds=60)
+    (removed,) = set(processes) - {kept}
+    gone = processes[removed]
+    assert gone is not None
+    after = read_identity(gone.pid)
+    assert after is None or after.start_ticks != gone.start_ticks
+    assert read_identity(processes[kept].pid) == processes[kept]  # type: ignore[union-attr]
