@@ -17,10 +17,13 @@ from testbed.process_plan import (
     build_container_env,
     build_pod_status,
     build_scrape_target_groups,
+    consecutive_crashes_after,
     expand_kubelet_vars,
     is_local_process_pod,
     merge_pod_status,
     pod_phase,
+    record_exited,
+    record_started,
     restart_backoff_seconds,
     sanitize_label_name,
     should_restart,
@@ -351,3 +354,35 @@ def test_adoption_never_adopts_a_process() -> None:
     fresh = adopt_container(pod, container, "Never", "t9")
     assert fresh.run
     assert fresh.record.last_state is None
+
+
+def test_restart_count_counts_every_start_after_the_first() -> None:
+    pod = make_pod()
+    fresh = record(Waiting("ContainerCreating"))
+    first = record_started(
+        fresh, "t0", "process://1", has_readiness_probe=True, has_startup_probe=False
+    )
+    assert (first.restart_count, first.ready, first.started) == (0, False, True)
+
+    crashed = record_exited(pod, first, DONE_BAD, restart_in=10.0)
+    assert isinstance(crashed.state, Waiting)
+    assert crashed.state.reason == "CrashLoopBackOff"
+    assert "back-off 10s restarting failed container=engine pod=engine-0_team-a(u-1)" in (
+        crashed.state.message
+    )
+    assert crashed.last_state == DONE_BAD
+    assert not crashed.ready
+
+    second = record_started(
+        crashed, "t2", "process://2", has_readiness_probe=False, has_startup_probe=False
+    )
+    assert (second.restart_count, second.ready, second.last_state) == (1, True, DONE_BAD)
+
+    final = record_exited(pod, second, DONE_OK, restart_in=None)
+    assert final.state == DONE_OK
+    assert final.restart_count == 1
+
+
+def test_back_off_is_forgotten_after_a_long_run() -> None:
+    assert consecutive_crashes_after(3, ran_for_seconds=5) == 4
+    assert consecutive_crashes_after(3, ran_for_seconds=3600) == 1

@@ -45,7 +45,6 @@ from testbed.process_children import (
     stop_children,
 )
 from testbed.process_plan import (
-    BACKOFF_RESET_AFTER_SECONDS,
     HOST_ENV,
     LOCAL_HOST,
     PORT_ENV,
@@ -65,7 +64,7 @@ from testbed.process_plan import (
     build_container_env,
     build_pod_status,
     build_scrape_target_groups,
-    crash_loop_message,
+    consecutive_crashes_after,
     exit_reason,
     is_being_deleted,
     is_local_process_pod,
@@ -74,6 +73,8 @@ from testbed.process_plan import (
     pod_folder_name,
     pod_key,
     probe_spec,
+    record_exited,
+    record_started,
     restart_backoff_seconds,
     scrape_target_file_name,
     should_restart,
@@ -491,13 +492,8 @@ class PodWorker(threading.Thread):
         termination_log.write_text("")
         log_path = self.folder / f"{name}.log"
         run.log_offset = log_path.stat().st_size if log_path.exists() else 0
-        has_run_before = run.record.last_state is not None or isinstance(
-            run.record.state, Terminated
-        )
-        restart_count = run.record.restart_count + (1 if has_run_before else 0)
-        last_state = (
-            run.record.state if isinstance(run.record.state, Terminated) else run.record.last_state
-        )
+        run.readiness = self._tracker(run.spec, "readinessProbe")
+        run.startup = self._tracker(run.spec, "startupProbe")
         started_at = utc_now()
         try:
             run.child = spawn_child(
@@ -509,20 +505,19 @@ class PodWorker(threading.Thread):
                 owner=f"{pod_key(pod)}/{name}",
             )
         except (OSError, subprocess.SubprocessError) as error:
-            run.record = replace(run.record, restart_count=restart_count, last_state=last_state)
-            self._record_exit(run, 128, started_at=started_at, start_error=str(error))
+            # Like a container that was created but could not start: it counts as a run.
+            run.record = record_started(
+                run.record, started_at, "", has_readiness_probe=False, has_startup_probe=False
+            )
+            self._record_exit(run, 128, start_error=str(error))
             return
         log.info("%s/%s started as pid %d: %s", pod_key(pod), name, run.child.pid, argv)
-        run.readiness = self._tracker(run.spec, "readinessProbe")
-        run.startup = self._tracker(run.spec, "startupProbe")
-        run.record = replace(
+        run.record = record_started(
             run.record,
-            state=Running(started_at),
-            last_state=last_state,
-            restart_count=restart_count,
-            ready=run.readiness is None and run.startup is None,
-            started=run.startup is None,
-            container_id=f"process://{run.child.pid}",
+            started_at,
+            f"process://{run.child.pid}",
+            has_readiness_probe=run.readiness is not None,
+            has_startup_probe=run.startup is not None,
         )
 
     @staticmethod
@@ -551,7 +546,6 @@ class PodWorker(threading.Thread):
         self,
         run: ContainerRun,
         exit_code: int,
-        started_at: str = "",
         start_error: str = "",
         may_restart: bool = True,
     ) -> None:
@@ -577,28 +571,18 @@ class PodWorker(threading.Thread):
             exit_code=exit_code,
             reason=reason,
             message=message,
-            started_at=started_at or (state.started_at if isinstance(state, Running) else ""),
+            started_at=state.started_at if isinstance(state, Running) else "",
             finished_at=utc_now(),
             container_id=run.record.container_id,
         )
-        run.record = replace(run.record, state=ended, ready=False, started=False)
         policy = pod["spec"].get("restartPolicy") or "Always"
         run.wants_run = may_restart and should_restart(policy, exit_code)
-        if not run.wants_run:
-            return
-        run.consecutive_crashes = (
-            1 if ran_for > BACKOFF_RESET_AFTER_SECONDS else run.consecutive_crashes + 1
-        )
-        delay = restart_backoff_seconds(run.consecutive_crashes)
-        run.start_at = time.monotonic() + delay
-        run.record = replace(
-            run.record,
-            state=Waiting(
-                ContainerReason.CRASH_LOOP_BACK_OFF, crash_loop_message(pod, name, delay)
-            ),
-            last_state=ended,
-            restart_count=run.record.restart_count,
-        )
+        delay: float | None = None
+        if run.wants_run:
+            run.consecutive_crashes = consecutive_crashes_after(run.consecutive_crashes, ran_for)
+            delay = restart_backoff_seconds(run.consecutive_crashes)
+            run.start_at = time.monotonic() + delay
+        run.record = record_exited(pod, run.record, ended, delay)
 
     def _publish(self) -> None:
         """Write the status when it changed, and the scrape targets while the pod runs."""

@@ -501,6 +501,46 @@ def termination_message(container: Container, file_text: str, exit_code: int, lo
     return message
 
 
+def record_started(
+    record: ContainerRecord,
+    started_at: str,
+    container_id: str,
+    *,
+    has_readiness_probe: bool,
+    has_startup_probe: bool,
+) -> ContainerRecord:
+    """The record once a container (re)starts. Every start after the first counts as a restart;
+    without probes a running container is started and ready at once."""
+    has_run_before = record.last_state is not None or isinstance(record.state, Terminated)
+    return replace(
+        record,
+        state=Running(started_at),
+        last_state=record.state if isinstance(record.state, Terminated) else record.last_state,
+        restart_count=record.restart_count + (1 if has_run_before else 0),
+        ready=not (has_readiness_probe or has_startup_probe),
+        started=not has_startup_probe,
+        container_id=container_id,
+    )
+
+
+def record_exited(
+    pod: Pod, record: ContainerRecord, ended: Terminated, restart_in: float | None
+) -> ContainerRecord:
+    """The record after an exit: terminated, or, when it restarts in `restart_in` seconds,
+    waiting in CrashLoopBackOff with the exit as its last state."""
+    if restart_in is None:
+        return replace(record, state=ended, ready=False, started=False)
+    waiting = Waiting(
+        ContainerReason.CRASH_LOOP_BACK_OFF, crash_loop_message(pod, record.name, restart_in)
+    )
+    return replace(record, state=waiting, last_state=ended, ready=False, started=False)
+
+
+def consecutive_crashes_after(previous: int, ran_for_seconds: float) -> int:
+    """kubelet forgets earlier crashes once a container ran long enough."""
+    return 1 if ran_for_seconds > BACKOFF_RESET_AFTER_SECONDS else previous + 1
+
+
 def crash_loop_message(pod: Pod, container_name: str, delay: float) -> str:
     metadata = pod["metadata"]
     return (
