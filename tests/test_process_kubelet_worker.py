@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from testbed.process_children import PidLedger, read_identity, spawn_child
-from testbed.process_kubelet import PodGoneError, ProcessKubelet
+from testbed.process_kubelet import PodGoneError, ProcessKubelet, ScrapeTargetFiles
 
 SERVER = textwrap.dedent(
     """
@@ -273,3 +273,12 @@ def test_children_die_with_the_process_kubelet(tmp_path: Path) -> None:
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     wait_for(lambda: read_identity(child_pid) is None, seconds=5)
+
+
+def test_target_files_of_a_killed_instance_are_removed_and_nothing_else(tmp_path: Path) -> None:
+    stale = tmp_path / "team-a_web-0_0b7c6f5e-2d1a-4c59-9f4e-3a2b1c0d9e8f.json"
+    foreign = tmp_path / "node-exporter.json"
+    stale.write_text("[]")
+    foreign.write_text("[]")
+    assert ScrapeTargetFiles(tmp_path).remove_leftovers() == [stale.name]
+    assert foreign.exists()

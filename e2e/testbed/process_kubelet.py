@@ -19,6 +19,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import ssl
@@ -88,6 +89,9 @@ log = logging.getLogger("process-kubelet")
 # Untyped in the client; these are their documented signatures.
 iter_resp_lines: Callable[[Any], Iterator[str]] = kube_watch.iter_resp_lines
 new_client_from_config: Callable[..., client.ApiClient] = config.new_client_from_config
+
+# `<namespace>_<pod>_<uid>.json`, as scrape_target_file_name makes them.
+POD_TARGET_FILE = re.compile(r"^[a-z0-9-]+_[a-z0-9.-]+_[0-9a-f-]{36}\.json$")
 
 TICK_SECONDS = 1.0
 CONFIG_RETRY_SECONDS = 5.0
@@ -268,6 +272,16 @@ class ScrapeTargetFiles:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
+
+    def remove_leftovers(self) -> list[str]:
+        """Remove pod target files a previous instance left (it was killed); running pods get
+        theirs again from their workers. Files of other writers do not match the pattern."""
+        removed = []
+        for path in self.folder.glob("*.json"):
+            if POD_TARGET_FILE.match(path.name):
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+        return removed
 
     def write(self, pod: Pod, groups: list[dict[str, Any]]) -> None:
         path = self.folder / scrape_target_file_name(pod)
@@ -777,6 +791,9 @@ def main(argv: list[str] | None = None) -> int:
     leftovers = PidLedger(args.run_dir / "pids").kill_leftovers()
     if leftovers:
         log.info("killed %d children left by a previous instance: %s", len(leftovers), leftovers)
+    stale_targets = ScrapeTargetFiles(args.sd_dir).remove_leftovers()
+    if stale_targets:
+        log.info("removed scrape target files left by a previous instance: %s", stale_targets)
 
     api_client = new_client_from_config(config_file=str(args.kubeconfig))
     kubelet = ProcessKubelet(KubePodApi(api_client), args.run_dir, args.sd_dir)
