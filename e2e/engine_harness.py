@@ -337,10 +337,11 @@ def tiny_models(engine_python: Path) -> dict[str, str]:
         pytest.fail(str(err))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engine_pool(
     engine_python: Path, tiny_models: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EnginePool]:
+    """Engines on the tiny target, started on demand; all stopped when the module ends."""
     pool = EnginePool(engine_python, tiny_models, tmp_path_factory.mktemp("engines"))
     try:
         yield pool

@@ -49,11 +49,12 @@ def greedy_outputs(server: EngineServer) -> list[Any]:
 
 def reference_outputs(pool: EnginePool) -> list[Any]:
     """Greedy outputs of the target served without speculation (computed once)."""
-    if "plain" not in _reference:
+    key = pool.models["target"]
+    if key not in _reference:
         plain = pool.get("plain")
-        assert DRAFT_TOKENS not in plain.counters() or plain.counters()[DRAFT_TOKENS] == 0
-        _reference["plain"] = greedy_outputs(plain)
-    return _reference["plain"]
+        assert plain.counters().get(DRAFT_TOKENS, 0.0) == 0
+        _reference[key] = greedy_outputs(plain)
+    return _reference[key]
 
 
 def acceptance(server: EngineServer) -> tuple[float, list[Any]]:

@@ -219,10 +219,10 @@ def check_verifier(draft: Config, served_names: Sequence[str], target: Config) -
         and known
         and not any(names_match(declared, n) for n in known)
     ):
+        first, *others = dict.fromkeys(known)
+        also = f" (also named {', '.join(others)})" if others else ""
         return _mismatch(
-            name,
-            f"draft was trained for verifier {declared}, "
-            f"but the target is {' / '.join(dict.fromkeys(known))}",
+            name, f"draft was trained for verifier {declared}, but the target is {first}{also}"
         )
     declared_archs = verifier.get("architectures")
     target_archs = _architectures(target)
