@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +238,14 @@ def test_fingerprint_ignores_formatting(tmp_path: Path) -> None:
     (b / "tokenizer.json").write_text(json.dumps(body))
     assert launcher.tokenizer_fingerprint(a) != launcher.tokenizer_fingerprint(b)
     assert launcher.tokenizer_fingerprint(tmp_path) is None
+
+
+def test_the_engine_package_imports_no_heavy_library() -> None:
+    # The launcher runs before vLLM and the operator image has no torch: import stays light.
+    code = (
+        "import sys, specdeploy.engine.__main__, specdeploy.engine.tiny_models;"
+        "heavy = {'torch', 'vllm', 'transformers', 'huggingface_hub', 'speculators', 'kopf'};"
+        "print(sorted(heavy & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
