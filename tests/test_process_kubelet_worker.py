@@ -282,3 +282,34 @@ def test_target_files_of_a_killed_instance_are_removed_and_nothing_else(tmp_path
     foreign.write_text("[]")
     assert ScrapeTargetFiles(tmp_path).remove_leftovers() == [stale.name]
     assert foreign.exists()
+
+
+def test_a_restarted_process_kubelet_restarts_containers_it_did_not_adopt(
+    tmp_path: Path,
+) -> None:
+    api = FakePodApi()
+    container = {"name": "web", "image": "none", "command": ["sleep", "300"]}
+    first = ProcessKubelet(api, tmp_path / "run", tmp_path / "sd")
+    first.observe("ADDED", api.add(local_pod("web", container)))
+    status = wait_for(lambda: (s := api.status_of("web")).get("phase") == "Running" and s)
+    pid = int(status["containerStatuses"][0]["containerID"].removeprefix("process://"))
+
+    first.stop()
+    assert read_identity(pid) is None
+    stopped = api.status_of("web")["containerStatuses"][0]
+    assert stopped["state"]["terminated"]["exitCode"] == 143  # SIGTERM
+    assert not stopped["ready"]
+
+    second = ProcessKubelet(api, tmp_path / "run", tmp_path / "sd")
+    try:
+        second.resync(api.list_pods()[0])
+        again = wait_for(
+            lambda: (
+                (s := api.status_of("web")["containerStatuses"][0])["restartCount"] == 1
+                and "running" in s["state"]
+                and s
+            )
+        )
+        assert again["lastState"]["terminated"]["exitCode"] == 143
+    finally:
+        second.stop()

@@ -428,6 +428,14 @@ class PodWorker(threading.Thread):
         finally:
             self._stop_all(grace=stop_grace_seconds(self.pod))
             self.targets.remove(self.pod)
+            if self._shutdown and not self._gone:
+                # The processes really ended: say so, so that nobody trusts a Ready pod that
+                # is not running. The next instance restarts them as the restart policy says.
+                try:
+                    if not self._frozen:
+                        self._write_status(self._owned_status())
+                except Exception as error:
+                    log.warning("final status of %s not written: %s", pod_key(self.pod), error)
             for run in self._runs:
                 self.ports.give_back(run.port)
 
@@ -602,9 +610,8 @@ class PodWorker(threading.Thread):
         """Write the status when it changed, and the scrape targets while the pod runs."""
         if self._frozen:
             return
-        records = [run.record for run in self._runs]
         pod = self.pod
-        owned = build_pod_status(pod, records, self._start_time)
+        owned = self._owned_status()
         if owned["phase"] == "Running":
             groups = build_scrape_target_groups(
                 pod, {run.spec["name"]: run.port for run in self._runs}
@@ -614,6 +621,10 @@ class PodWorker(threading.Thread):
         else:
             self.targets.remove(pod)
         self._write_status(owned)
+
+    def _owned_status(self) -> dict[str, Any]:
+        records = [run.record for run in self._runs]
+        return build_pod_status(self.pod, records, self._start_time)
 
     def _write_status(self, owned: Mapping[str, Any]) -> None:
         for _ in range(5):
