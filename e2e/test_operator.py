@@ -108,9 +108,12 @@ class OperatorProcess:
 
 @pytest.fixture(scope="module")
 def sd_crd(kubectl: Kubectl) -> None:
-    """The SpeculativeDeployment CRD from crds/, installed, established and discoverable."""
+    """The SpeculativeDeployment CRD from crds/, served and discoverable, and the examples'
+    Kueue WorkloadPriorityClasses (high, low)."""
     for path in sorted((REPO_ROOT / "crds").glob("*.yaml")):
         kubectl.apply(path.read_text())
+    queues = yaml.safe_load_all((REPO_ROOT / "examples" / "kueue" / "queues.yaml").read_text())
+    kubectl.apply([d for d in queues if d and d.get("kind") == "WorkloadPriorityClass"])
     # Served once established; kubectl caches discovery, and listing the group refreshes it.
     eventually(
         lambda: (
@@ -124,7 +127,7 @@ def sd_crd(kubectl: Kubectl) -> None:
 
 @pytest.fixture
 def operator(
-    cluster: ClusterEnv, namespace: str, tmp_path: Path, sd_crd: None
+    cluster: ClusterEnv, kubectl: Kubectl, namespace: str, tmp_path: Path, sd_crd: None
 ) -> Iterator[OperatorProcess]:
     """The operator watching this test's namespace; its log is printed when a test fails."""
     config = {
@@ -141,6 +144,11 @@ def operator(
     try:
         yield running
     finally:
+        # Delete the SDs while the operator still runs, so its finalizer is released and the
+        # namespace can go.
+        kubectl.run(
+            "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
+        )
         running.stop()
         print(f"--- operator log ({running.log_path}) ---\n{running.log_text()[-20000:]}")
 
@@ -305,6 +313,150 @@ def wait_ready(kubectl: Kubectl, namespace: str, name: str, timeout: int = 90) -
         f"--timeout={timeout}s",
         timeout=timeout + 10,
     )
+
+
+# What each example needs to be placeable on the test bed (no A100s; quota of the queues), and
+# where its pods must land: (patches, resource, count, node name prefix).
+EXAMPLE_PLACEMENT: dict[str, tuple[dict[str, Any], str, int, str]] = {
+    # The test bed's MIG node is an H100; the example asks for an A100-80GB slice.
+    "llama-8b-eagle3-mig.yaml": (
+        {"placement": {"gpu": {"product": H100, "mig": "Required"}}},
+        "nvidia.com/mig-3g.40gb",
+        1,
+        "kwok-h100-mig-",
+    ),
+    # 16384 x 64 tokens of KV cache need 8 H100s (docs/sizing.md); 8192 x 32 fit four.
+    "llama-70b-eagle3-tp4.yaml": (
+        {"engine": {"maxModelLen": 8192, "maxNumSeqs": 32}},
+        "nvidia.com/gpu",
+        4,
+        "kwok-h100-",
+    ),
+    # Four replicas of 4 GPUs would take the batch queue's whole cohort: one is enough here.
+    "llama-8b-batch-queue.yaml": ({"replicas": 1}, "nvidia.com/gpu", 4, "kwok-h100-"),
+    "qwen-7b-ngram.yaml": ({}, "nvidia.com/gpu", 1, "kwok-h200-"),
+}
+
+
+def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `patch` merged in, recursively for mappings."""
+    merged = dict(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def example_prerequisites(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the example refers to: the hub token Secret, the model PVC (bound to a hostPath PV)."""
+    namespace = body["metadata"]["namespace"]
+    source = body["spec"].get("modelSource") or {}
+    objects: list[dict[str, Any]] = []
+    token = (source.get("hub") or {}).get("tokenSecretRef")
+    if token:
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": token["name"], "namespace": namespace},
+                "stringData": {token["key"]: "not-a-real-token"},
+            }
+        )
+    claim = (source.get("pvc") or {}).get("claimName")
+    if claim:
+        volume = f"{namespace}-{claim}"[:63]
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadOnlyMany"],
+                    "hostPath": {"path": "/tmp/specdeploy-e2e-models"},
+                    "storageClassName": "",
+                    "persistentVolumeReclaimPolicy": "Delete",
+                    "claimRef": {"namespace": namespace, "name": claim},
+                },
+            }
+        )
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadOnlyMany"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                    "storageClassName": "",
+                    "volumeName": volume,
+                },
+            }
+        )
+    return objects
+
+
+def example_sd(filename: str, namespace: str) -> dict[str, Any]:
+    """The example's SpeculativeDeployment in `namespace`, patched to fit the test bed."""
+    documents = yaml.safe_load_all((REPO_ROOT / "examples" / filename).read_text())
+    body = next(d for d in documents if d and d.get("kind") == "SpeculativeDeployment")
+    body["metadata"]["namespace"] = namespace
+    body["spec"] = merge(body["spec"], EXAMPLE_PLACEMENT[filename][0])
+    return dict(body)
+
+
+def test_every_example_is_placed() -> None:
+    """Every example SD in examples/ has a placement case below."""
+    shipped = {
+        p.name
+        for p in (REPO_ROOT / "examples").glob("*.yaml")
+        if "kind: SpeculativeDeployment" in p.read_text()
+    }
+    assert shipped == set(EXAMPLE_PLACEMENT)
+
+
+@pytest.mark.parametrize("filename", sorted(EXAMPLE_PLACEMENT))
+def test_example_becomes_ready_on_the_right_gpus(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: OperatorProcess,
+    filename: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    body = example_sd(filename, namespace)
+    name = body["metadata"]["name"]
+    _, resource, count, node_prefix = EXAMPLE_PLACEMENT[filename]
+    prerequisites = example_prerequisites(body)
+    kubectl.apply([*prerequisites, body])
+    volumes = [o["metadata"]["name"] for o in prerequisites if o["kind"] == "PersistentVolume"]
+    request.addfinalizer(
+        lambda: [kubectl.run("delete", "pv", v, "--wait=false", check=False) for v in volumes]
+    )
+    wait_ready(kubectl, namespace, name, timeout=120)
+
+    sd = sd_of(kubectl, namespace, name)
+    revision = sd["status"]["stableRevision"]
+    assert sd["status"]["sizing"]["resourceName"] == resource
+    assert sd["status"]["sizing"]["count"] == count
+    assert sd["status"]["phase"] == "Serving"
+    [deployment] = items(kubectl, "deployments", namespace, name)
+    assert deployment["metadata"]["name"] == f"{name}-{revision}"
+    kubectl.get_json("service", name, "-n", namespace)
+    pods = items(kubectl, "pods", namespace, name)
+    assert len(pods) == body["spec"]["replicas"]
+    for pod in pods:
+        assert pod["status"]["phase"] == "Running"
+        assert pod["spec"]["nodeName"].startswith(node_prefix), pod["spec"]["nodeName"]
+        assert engine_container(pod)["resources"]["limits"][resource] == str(count)
+        assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+        declared_pair(pod)
+    speculating = sd["status"]["speculation"]["state"] == "On"
+    args = engine_container(pods[0])["args"]
+    assert ("--speculative-config" in args) == speculating
+    if body["spec"]["placement"].get("queue") == "batch":
+        assert not speculating
 
 
 # --- the tests -----------------------------------------------------------------------------------

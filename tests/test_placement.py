@@ -72,3 +72,9 @@ def test_unknown_before_pods_and_false_for_a_missing_local_queue() -> None:
 
 def test_describe_shortage_keeps_unparsed_messages() -> None:
     assert describe_shortage("ClusterQueue gpu-cq is inactive") == "ClusterQueue gpu-cq is inactive"
+
+
+def test_gated_pods_without_workloads_point_at_the_pods_events() -> None:
+    update = judge_admission("interactive", [pod("a", True)], [], LOCAL_QUEUE)
+    assert update.status == "False"
+    assert "no Workload" in update.message

@@ -95,15 +95,24 @@ def judge_admission(
         )
     gated_names = {str((p.get("metadata") or {}).get("name", "")) for p in gated}
     shortages: list[str] = []
+    with_workload = 0
     for workload in workloads:
         if not (_owner_names(workload, "Pod") & gated_names):
             continue
+        with_workload += 1
         reserved = _condition(workload, "QuotaReserved")
         if reserved is not None and reserved.get("status") == "False" and reserved.get("message"):
             shortage = describe_shortage(str(reserved["message"]))
             if shortage not in shortages:
                 shortages.append(shortage)
-    lacks = f" lacks {'; '.join(shortages)}" if shortages else " has not admitted them yet"
+    if shortages:
+        lacks = f" lacks {'; '.join(shortages)}"
+    elif with_workload == 0:
+        # Kueue refuses to create a Workload for a pod it cannot queue (e.g. an unknown
+        # priority class); its reason is an Event on the pod.
+        lacks = " has no Workload for them (see the pods' events)"
+    else:
+        lacks = " has not admitted them yet"
     return ConditionUpdate(
         ConditionType.ADMITTED,
         "False",
