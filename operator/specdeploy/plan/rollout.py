@@ -67,8 +67,7 @@ def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeploymen
         pair_version=str(labels.get(PAIR_VERSION_LABEL, "")),
         pair=pair,
         pods=int(status.get("replicas") or 0),
-        observed=int(status.get("observedGeneration") or 0)
-        >= int(metadata.get("generation") or 0),
+        observed=int(status.get("observedGeneration") or 0) >= int(metadata.get("generation") or 0),
     )
 
 
