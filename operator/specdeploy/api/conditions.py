@@ -33,6 +33,7 @@ class Reason:
     ROLLED_BACK: Final = "RolledBack"
     ROLLOUT_COMPLETE: Final = "RolloutComplete"
     SCALED_TO_ZERO: Final = "ScaledToZero"
+    REVISION_PRUNED: Final = "RevisionPruned"
     # Analysis
     ANALYSIS_PASSED: Final = "AnalysisPassed"
     ANALYSIS_FAILED: Final = "AnalysisFailed"

@@ -164,7 +164,7 @@ def plan_rollout(
     )
     delete = tuple(d.name for d in retired[history_limit:])
     for name in delete:
-        events.append(RolloutEvent("RevisionPruned", f"deleted {name}: beyond history limit"))
+        events.append(RolloutEvent(Reason.REVISION_PRUNED, f"deleted {name}: beyond history limit"))
     for name in delete:
         gone = next(d.revision for d in existing if d.name == name)
         replicas.pop(gone, None)
