@@ -71,11 +71,13 @@ OPERATOR_PID := $(RUN)/operator.pid
 operator-up: venv ## Run the operator in the background against the local cluster (log: .run/operator.log)
 	@mkdir -p $(RUN)
 	@if [ -f $(OPERATOR_PID) ] && kill -0 "$$(cat $(OPERATOR_PID))" 2>/dev/null; then \
-	  echo "operator already running (pid $$(cat $(OPERATOR_PID)))"; exit 0; fi
-	eval "$$($(PY) -m testbed env)"; \
+	  echo "operator already running (pid $$(cat $(OPERATOR_PID)))"; \
+	else \
+	  eval "$$($(PY) -m testbed env)"; \
 	  nohup $(VENV)/bin/specdeploy operator run $(if $(OPERATOR_CONFIG),--config $(OPERATOR_CONFIG)) \
-	  >$(RUN)/operator.log 2>&1 & echo $$! >$(OPERATOR_PID)
-	@echo "operator pid $$(cat $(OPERATOR_PID)), log $(RUN)/operator.log"
+	    >$(RUN)/operator.log 2>&1 & echo $$! >$(OPERATOR_PID); \
+	  echo "operator pid $$(cat $(OPERATOR_PID)), log $(RUN)/operator.log"; \
+	fi
 
 .PHONY: operator-down
 operator-down: ## Stop the background operator
