@@ -125,6 +125,57 @@ def sd_crd(kubectl: Kubectl) -> None:
     )
 
 
+POD_MONITOR_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture
+def pod_monitor_crd(kubectl: Kubectl) -> Iterator[None]:
+    """A stand-in for the Prometheus Operator's PodMonitor CRD, for one test."""
+    kubectl.apply([POD_MONITOR_CRD])
+    eventually(
+        lambda: (
+            "podmonitors"
+            in kubectl.run("api-resources", "--api-group=monitoring.coreos.com", check=False).stdout
+        ),
+        30,
+        "the PodMonitor kind in discovery",
+    )
+    try:
+        yield
+    finally:
+        # Gone before the next test's operator looks for it.
+        kubectl.run(
+            "delete",
+            "crd",
+            POD_MONITOR_CRD["metadata"]["name"],
+            "--timeout=60s",
+            check=False,
+            timeout=70,
+        )
+
+
 @pytest.fixture
 def operator(
     cluster: ClusterEnv, kubectl: Kubectl, namespace: str, tmp_path: Path, sd_crd: None
@@ -592,6 +643,48 @@ def test_changing_the_draft_rolls_a_new_revision_forward_only_once_ready(
         for d in items(kubectl, "deployments", namespace, "chat")
     }
     assert deployments == {f"chat-{first}": 0, f"chat-{second}": 2}
+
+
+def test_going_back_to_an_earlier_pair_scales_its_revision_up(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    def serving(revision: str | None = None, other_than: str | None = None) -> str | None:
+        sd = sd_of(kubectl, namespace, "chat")
+        stable = (sd.get("status") or {}).get("stableRevision")
+        ready = condition(sd, "Ready").get("status") == "True"
+        if not ready or stable is None or stable == other_than:
+            return None
+        return stable if revision in (None, stable) else None
+
+    kubectl.apply([llama_8b("chat", namespace, draft_revision="eagle3-r1")])
+    first = eventually(serving, 90, "the first revision to serve")
+    kubectl.apply([llama_8b("chat", namespace, draft_revision="eagle3-r2")])
+    second = eventually(lambda: serving(other_than=first), 90, "the second revision to serve")
+
+    kubectl.apply([llama_8b("chat", namespace, draft_revision="eagle3-r1")])
+    eventually(lambda: serving(first), 90, "the first revision to serve again")
+
+    def settled() -> dict[str, int] | None:
+        found = {
+            d["metadata"]["name"]: d["spec"]["replicas"]
+            for d in items(kubectl, "deployments", namespace, "chat")
+        }
+        return found if found == {f"chat-{first}": 1, f"chat-{second}": 0} else None
+
+    eventually(settled, 30, "the first revision back at 1 and the second at 0, nothing new")
+    for pod in items(kubectl, "pods", namespace, "chat"):
+        assert declared_pair(pod) == (first, "eagle3-r1")
+
+
+def test_pod_monitor_when_the_prometheus_operator_crd_is_served(
+    kubectl: Kubectl, namespace: str, pod_monitor_crd: None, operator: OperatorProcess
+) -> None:
+    kubectl.apply([llama_8b("chat", namespace)])
+    wait_ready(kubectl, namespace, "chat")
+    monitor = kubectl.get_json("podmonitor", "chat", "-n", namespace)
+    assert monitor["spec"]["podTargetLabels"] == [NAME_LABEL, REVISION_LABEL]
+    assert monitor["spec"]["selector"] == {"matchLabels": {NAME_LABEL: "chat"}}
+    assert monitor["metadata"]["ownerReferences"][0]["name"] == "chat"
 
 
 def test_exhausted_quota_gates_pods_with_a_reason_naming_the_queue(
