@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from specdeploy.plan.status import ConditionUpdate, find_condition, set_condition, status_patch
+from typing import Any
+
+from specdeploy.api.models import SizingDecision, SpeculationStatus, SpeculativeDeployment
+from specdeploy.plan.rollout import RevisionDeployment, RolloutPlan
+from specdeploy.plan.status import (
+    ConditionUpdate,
+    ObservedRollout,
+    build_status,
+    find_condition,
+    set_condition,
+    status_patch,
+)
 
 
 def test_new_condition_gets_now_and_generation() -> None:
@@ -39,3 +50,97 @@ def test_status_patch_is_empty_when_nothing_changed() -> None:
     }
     assert status_patch(current, {"phase": "Serving", "replicas": None}) == {"replicas": None}
     assert status_patch(current, {"sizing": None}) == {}
+
+
+def _observed(
+    desired: str | None, stable: str | None, ready: bool, admitted: str = "True"
+) -> ObservedRollout:
+    revisions = [
+        RevisionDeployment(
+            "sd-a", "a", 0 if desired == "b" else 1, 0, "t0", pair={"draft": {"method": "eagle3"}}
+        ),
+    ]
+    if desired == "b":
+        revisions.append(RevisionDeployment("sd-b", "b", 1, 1 if ready else 0, "t1"))
+    sizing = (
+        SizingDecision(resource_name="nvidia.com/gpu", count=1, tensor_parallel_size=1)
+        if desired
+        else None
+    )
+    return ObservedRollout(
+        sizing=sizing,
+        sizing_problem=None if desired else "needs 976.0 GiB",
+        speculation=SpeculationStatus(state="On", reason="SpeculationEnabled"),
+        desired_revision=desired,
+        plan=RolloutPlan({}, False, (), stable, ready),
+        revisions=revisions,
+        admission=ConditionUpdate(
+            "Admitted", admitted, "Admitted" if admitted == "True" else "WaitingForQuota", "m"
+        ),
+        selector="specdeploy.dev/name=sd",
+    )
+
+
+def _sd(status: dict[str, Any] | None = None) -> SpeculativeDeployment:
+    return SpeculativeDeployment.model_validate(
+        {
+            "metadata": {"name": "sd", "generation": 4},
+            "spec": {
+                "replicas": 1,
+                "pair": {"version": "1", "target": {"model": "m"}, "draft": {"method": "none"}},
+            },
+            "status": status,
+        }
+    )
+
+
+def test_status_of_a_serving_rollout() -> None:
+    status = build_status(_sd(), _observed("b", "b", ready=True), "t9")
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"], ready["observedGeneration"]) == (
+        "True",
+        "AllReplicasReady",
+        4,
+    )
+    assert status["phase"] == "Serving"
+    assert [(r["revision"], r["phase"]) for r in status["revisions"]] == [
+        ("a", "Superseded"),
+        ("b", "Stable"),
+    ]
+
+
+def test_status_while_waiting_for_quota_and_when_unschedulable() -> None:
+    waiting = build_status(_sd(), _observed("b", None, ready=False, admitted="False"), "t9")
+    assert waiting["phase"] == "Pending"
+    assert next(c for c in waiting["conditions"] if c["type"] == "Ready")["reason"] == (
+        "WaitingForQuota"
+    )
+    failed = build_status(_sd(), _observed(None, None, ready=False), "t9")
+    assert failed["phase"] == "Failed"
+    sized = next(c for c in failed["conditions"] if c["type"] == "Sized")
+    assert (sized["status"], sized["reason"], sized["message"]) == (
+        "False",
+        "Unschedulable",
+        "needs 976.0 GiB",
+    )
+    degraded = build_status(_sd(), _observed(None, "a", ready=False), "t9")
+    assert degraded["phase"] == "Degraded"
+
+
+def test_verdicts_and_failed_phase_written_by_analysis_are_kept() -> None:
+    recorded = {
+        "revisions": [
+            {
+                "revision": "a",
+                "pairVersion": "1",
+                "target": {"model": "m"},
+                "draft": {"method": "eagle3"},
+                "phase": "Failed",
+                "verdicts": [{"time": "t1", "result": "Fail", "acceptanceRate": 0.2}],
+            }
+        ]
+    }
+    status = build_status(_sd(recorded), _observed("b", "b", ready=True), "t9")
+    first = status["revisions"][0]
+    assert first["phase"] == "Failed"
+    assert first["verdicts"][0]["acceptanceRate"] == 0.2

@@ -186,7 +186,12 @@ def _phase(ready: ConditionUpdate, seen: ObservedRollout) -> str:
     return Phase.PROGRESSING
 
 
-def _revision_history(seen: ObservedRollout, history_limit: int) -> list[RevisionStatus]:
+def _revision_history(
+    seen: ObservedRollout, history_limit: int, recorded: Sequence[RevisionStatus]
+) -> list[RevisionStatus]:
+    """One record per revision Deployment, oldest first; verdicts and a Failed phase written by
+    the canary analysis are kept."""
+    earlier = {r.revision: r for r in recorded}
     records: list[RevisionStatus] = []
     for revision in sorted(seen.revisions, key=lambda r: (r.created, r.name)):
         pair = revision.pair
@@ -198,6 +203,9 @@ def _revision_history(seen: ObservedRollout, history_limit: int) -> list[Revisio
             phase = RevisionPhase.PENDING
         else:
             phase = RevisionPhase.SUPERSEDED
+        before = earlier.get(revision.revision)
+        if before is not None and before.phase == RevisionPhase.FAILED:
+            phase = RevisionPhase.FAILED
         records.append(
             RevisionStatus(
                 revision=revision.revision,
@@ -212,6 +220,7 @@ def _revision_history(seen: ObservedRollout, history_limit: int) -> list[Revisio
                 ),
                 phase=phase,
                 created_at=revision.created or None,
+                verdicts=before.verdicts if before is not None else [],
             )
         )
     return records[-(history_limit + 1) :]
@@ -251,7 +260,7 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
         phase=_phase(ready, seen),
         conditions=conditions,
         stable_revision=seen.plan.stable_revision,
-        revisions=_revision_history(seen, sd.spec.revision_history_limit),
+        revisions=_revision_history(seen, sd.spec.revision_history_limit, current.revisions),
         speculation=seen.speculation,
         sizing=seen.sizing,
         replicas=pods,
