@@ -27,6 +27,7 @@ from specdeploy.plan.children import (
     pod_selector,
 )
 from specdeploy.plan.gpu_catalog import catalog_for_config, read_gpu_inventories
+from specdeploy.plan.pair_check import apply_pair_verdict, hold_refused_revisions, judge_pair
 from specdeploy.plan.placement import judge_admission
 from specdeploy.plan.revision import revision_hash
 from specdeploy.plan.rollout import (
@@ -138,6 +139,10 @@ class Reconciler:
         plan = plan_rollout(
             desired_revision, revisions, sd.spec.replicas, stable, sd.spec.revision_history_limit
         )
+        pods = self.kube.list_pods(namespace, selector)
+        has_draft = served.spec.pair.draft.method != "none"
+        pair = judge_pair(desired_revision, plan.desired_ready, has_draft, pods, sd.status)
+        plan = hold_refused_revisions(plan, pair)
 
         # Children: the desired revision by apply, the others by scale; then Service, monitor.
         by_revision = {r.revision: r for r in revisions}
@@ -164,7 +169,6 @@ class Reconciler:
             live_monitor = self.kube.get("monitoring.coreos.com/v1", "PodMonitor", namespace, name)
             self.kube.apply(monitor, live_monitor)
 
-        pods = self.kube.list_pods(namespace, selector)
         queue = sd.spec.placement.queue
         admission = judge_admission(
             queue,
@@ -182,13 +186,22 @@ class Reconciler:
             admission=admission,
             selector=pod_selector(sd),
         )
-        desired_status = build_status(sd, seen, now_rfc3339())
+        now = now_rfc3339()
+        desired_status = apply_pair_verdict(
+            build_status(sd, seen, now),
+            pair,
+            previous=sd.status,
+            desired_revision=desired_revision,
+            stable_revision=plan.stable_revision,
+            generation=sd.metadata.generation,
+            now=now,
+        )
         current_status = body.get("status") or {}
         patch = status_patch(current_status, desired_status)
         if patch:
             self.kube.patch_status(namespace, name, patch)
 
-        for event in plan.events:
+        for event in (*plan.events, *pair.events):
             self.post_event(
                 body, "Warning" if event.warning else "Normal", event.reason, event.message
             )

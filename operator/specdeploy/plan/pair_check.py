@@ -1,0 +1,326 @@
+"""The launcher's verdict on a revision's pair, read from its pods, and what reconcile does with it.
+
+The engine launcher checks the pair before vLLM starts. When it refuses, the container ends with
+exit code 3 (`EXIT_PAIR_INCOMPATIBLE`) and one line in its termination message; exit code 4
+(`EXIT_MODEL_UNAVAILABLE`) means a model could not be found or read. Kubernetes copies both into
+the pod's container status (`state.terminated` and, after a restart, `lastState.terminated`).
+
+- Exit 3 is permanent: the checks read the models' own config files at pinned revisions, so a
+  restart gives the same answer. The revision is stopped (scaled to zero, marked Failed in
+  status.revisions) instead of crash-looping, `PairCompatible` turns False with reason
+  `PairIncompatible` and the launcher's line, and a Warning Event says so. A stable revision
+  keeps serving. Status remembers the refusal once the pods are gone; only a spec naming
+  another pair (another revision) moves on, and a revision that is not the desired one is at
+  zero replicas anyway.
+- Exit 4 may heal (a volume filled later, the hub reachable again): the revision keeps its pods
+  and Kubernetes' back-off; `PairCompatible` is Unknown with reason `ModelNotFound` and the
+  launcher's line, with a Warning Event.
+- Once the desired revision's pods are ready, the launcher accepted its pair: `PairVerified`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specdeploy.api import labels
+from specdeploy.api.conditions import ConditionType, Phase, Reason, RevisionPhase
+from specdeploy.api.models import Condition, SpeculativeDeploymentStatus
+from specdeploy.plan.rollout import RolloutEvent, RolloutPlan
+from specdeploy.plan.status import ConditionUpdate, set_conditions
+
+# The launcher's exit codes (specdeploy.engine.launcher; docs/contracts.md). Repeated here
+# because plan/ does not import the engine package, which ships in another image.
+EXIT_PAIR_INCOMPATIBLE = 3
+EXIT_MODEL_UNAVAILABLE = 4
+ENGINE_CONTAINER = "engine"
+
+
+@dataclass(frozen=True)
+class LauncherExit:
+    """One exit of the launcher seen in a pod: which revision, why, and its one line."""
+
+    revision: str
+    exit_code: int
+    message: str
+    pod: str
+    restarts: int = 0
+
+    @property
+    def reason(self) -> str:
+        if self.exit_code == EXIT_PAIR_INCOMPATIBLE:
+            return Reason.PAIR_INCOMPATIBLE
+        return Reason.MODEL_NOT_FOUND
+
+
+def _terminations(status: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    for key in ("state", "lastState"):
+        terminated = (status.get(key) or {}).get("terminated")
+        if terminated:
+            yield terminated
+
+
+def read_launcher_exits(pods: Sequence[Mapping[str, Any]]) -> dict[str, LauncherExit]:
+    """The launcher's refusals (exit 3) and missing models (exit 4) per revision, from pods.
+
+    A pod's engine container counts when its current or last termination has one of those exit
+    codes. Per revision an exit 3 wins over an exit 4, since it is the one that stops the
+    revision. Pods without the revision label, and other exit codes (a crash of vLLM itself,
+    a kill), are not the launcher's verdict and are ignored.
+    """
+    found: dict[str, LauncherExit] = {}
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        revision = (metadata.get("labels") or {}).get(labels.REVISION)
+        if not revision:
+            continue
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        for status in statuses:
+            if status.get("name") != ENGINE_CONTAINER:
+                continue
+            for terminated in _terminations(status):
+                code = terminated.get("exitCode")
+                if code not in (EXIT_PAIR_INCOMPATIBLE, EXIT_MODEL_UNAVAILABLE):
+                    continue
+                seen = LauncherExit(
+                    revision=str(revision),
+                    exit_code=int(code),
+                    message=str(terminated.get("message") or "").strip(),
+                    pod=str(metadata.get("name", "")),
+                    restarts=int(status.get("restartCount") or 0),
+                )
+                before = found.get(seen.revision)
+                if before is None or (
+                    before.exit_code != EXIT_PAIR_INCOMPATIBLE
+                    and seen.exit_code == EXIT_PAIR_INCOMPATIBLE
+                ):
+                    found[seen.revision] = seen
+    return found
+
+
+@dataclass(frozen=True)
+class PairVerdict:
+    """What reconcile does about the launcher's verdicts in one pass."""
+
+    #: Revisions the launcher refused (seen in pods now, or the desired one in an earlier pass):
+    #: kept at zero replicas and marked Failed.
+    refused: frozenset[str]
+    #: The PairCompatible condition for the desired revision.
+    condition: ConditionUpdate
+    #: Set when the desired revision is refused or lacks a model: Ready, Progressing, phase.
+    desired_problem: LauncherExit | None
+    events: tuple[RolloutEvent, ...] = ()
+
+
+def _remembered_refusal(
+    desired_revision: str, status: SpeculativeDeploymentStatus | None, current: Condition | None
+) -> bool:
+    """Whether an earlier pass refused the desired revision, whose pods are gone since.
+
+    Both marks must be there: the revision Failed in status.revisions (the canary analysis
+    marks revisions Failed too) and PairCompatible False for PairIncompatible. Should the
+    condition have moved on meanwhile, the revision starts once more and its launcher refuses
+    it again within seconds.
+    """
+    if status is None or current is None:
+        return False
+    if (current.status, current.reason) != ("False", Reason.PAIR_INCOMPATIBLE):
+        return False
+    return any(
+        r.revision == desired_revision and r.phase == RevisionPhase.FAILED for r in status.revisions
+    )
+
+
+def _current_condition(status: SpeculativeDeploymentStatus | None) -> Condition | None:
+    if status is None:
+        return None
+    return next((c for c in status.conditions if c.type == ConditionType.PAIR_COMPATIBLE), None)
+
+
+def judge_pair(
+    desired_revision: str | None,
+    desired_ready: bool,
+    has_draft: bool,
+    pods: Sequence[Mapping[str, Any]],
+    status: SpeculativeDeploymentStatus | None,
+) -> PairVerdict:
+    """The PairCompatible verdict for the desired revision and the revisions to keep stopped.
+
+    `desired_ready` says whether every pod of the desired revision is ready (the launcher then
+    accepted the pair and vLLM serves it); `status` is the SD's status as last written, whose
+    Failed revisions stay refused after their pods are gone.
+    """
+    exits = read_launcher_exits(pods)
+    refused = {r for r, e in exits.items() if e.exit_code == EXIT_PAIR_INCOMPATIBLE}
+    current = _current_condition(status)
+    if desired_revision and _remembered_refusal(desired_revision, status, current):
+        refused.add(desired_revision)
+    problem = exits.get(desired_revision) if desired_revision else None
+
+    if desired_revision is None:
+        # Nothing to run (unschedulable): the last verdict still describes what was tried.
+        if current is not None:
+            update = ConditionUpdate(
+                ConditionType.PAIR_COMPATIBLE, current.status, current.reason, current.message
+            )
+        else:
+            update = ConditionUpdate(
+                ConditionType.PAIR_COMPATIBLE,
+                "Unknown",
+                Reason.PAIR_UNVERIFIED,
+                "no revision runs: nothing was checked",
+            )
+    elif desired_revision in refused:
+        if problem is None or problem.exit_code != EXIT_PAIR_INCOMPATIBLE:
+            # Its pods are gone: keep the line the launcher wrote when it refused.
+            remembered = (
+                current.message
+                if current is not None and current.reason == Reason.PAIR_INCOMPATIBLE
+                else f"revision {desired_revision} was refused by the engine launcher"
+            )
+            problem = LauncherExit(desired_revision, EXIT_PAIR_INCOMPATIBLE, remembered, pod="")
+        update = ConditionUpdate(
+            ConditionType.PAIR_COMPATIBLE, "False", Reason.PAIR_INCOMPATIBLE, problem.message
+        )
+    elif problem is not None:
+        update = ConditionUpdate(
+            ConditionType.PAIR_COMPATIBLE, "Unknown", Reason.MODEL_NOT_FOUND, problem.message
+        )
+    elif desired_ready:
+        checked = (
+            "the engine launcher checked the pair" if has_draft else "no draft: nothing to pair"
+        )
+        update = ConditionUpdate(
+            ConditionType.PAIR_COMPATIBLE,
+            "True",
+            Reason.PAIR_VERIFIED,
+            f"revision {desired_revision} serves; {checked}",
+        )
+    else:
+        update = ConditionUpdate(
+            ConditionType.PAIR_COMPATIBLE,
+            "Unknown",
+            Reason.PAIR_UNVERIFIED,
+            f"waiting for the engine launcher of revision {desired_revision}",
+        )
+
+    events: list[RolloutEvent] = []
+    changed = current is None or (current.status, current.reason) != (update.status, update.reason)
+    if changed and update.reason in (Reason.PAIR_INCOMPATIBLE, Reason.MODEL_NOT_FOUND):
+        action = (
+            "stopped (scaled to zero)"
+            if update.reason == Reason.PAIR_INCOMPATIBLE
+            else "kept under back-off until the model is there"
+        )
+        events.append(
+            RolloutEvent(
+                update.reason,
+                f"revision {desired_revision} {action}: {update.message}",
+                warning=True,
+            )
+        )
+    elif changed and update.reason == Reason.PAIR_VERIFIED:
+        events.append(RolloutEvent(update.reason, update.message))
+    return PairVerdict(
+        refused=frozenset(refused),
+        condition=update,
+        desired_problem=problem,
+        events=tuple(events),
+    )
+
+
+def hold_refused_revisions(plan: RolloutPlan, verdict: PairVerdict) -> RolloutPlan:
+    """The rollout plan with every refused revision at zero replicas (never crash-looping).
+
+    The stable revision is not touched by this: `plan_rollout` already keeps it serving while
+    the desired revision is not ready, which a refused one never is.
+    """
+    replicas = dict(plan.replicas)
+    for revision in verdict.refused:
+        if revision in replicas and revision != plan.stable_revision:
+            replicas[revision] = 0
+    if replicas == dict(plan.replicas):
+        return plan
+    return dataclasses.replace(plan, replicas=replicas)
+
+
+def apply_pair_verdict(
+    desired_status: Mapping[str, Any],
+    verdict: PairVerdict,
+    *,
+    previous: SpeculativeDeploymentStatus | None,
+    desired_revision: str | None,
+    stable_revision: str | None,
+    generation: int | None,
+    now: str,
+) -> dict[str, Any]:
+    """The status `plan.status.build_status` built, with the launcher's verdict written in.
+
+    Sets PairCompatible; marks refused revisions Failed in status.revisions; when the desired
+    revision is refused, Ready and Progressing say so (reason PairIncompatible) and the phase is
+    Degraded while a stable revision serves, else Failed. Transition times of the conditions
+    set here are judged against `previous` (the status as last written), as build_status does.
+    """
+    result = dict(desired_status)
+    result["revisions"] = [
+        {**record, "phase": RevisionPhase.FAILED}
+        if record.get("revision") in verdict.refused
+        else record
+        for record in result.get("revisions") or []
+    ]
+
+    updates = [verdict.condition]
+    problem = verdict.desired_problem
+    refused_now = (
+        problem is not None
+        and problem.exit_code == EXIT_PAIR_INCOMPATIBLE
+        and desired_revision is not None
+    )
+    if refused_now and problem is not None:
+        serving = (
+            f"; revision {stable_revision} keeps serving"
+            if stable_revision and stable_revision != desired_revision
+            else ""
+        )
+        detail = f"revision {desired_revision} refused by the engine launcher{serving}"
+        updates.append(
+            ConditionUpdate(
+                ConditionType.READY,
+                "False",
+                Reason.PAIR_INCOMPATIBLE,
+                f"{detail}: {problem.message}",
+            )
+        )
+        updates.append(
+            ConditionUpdate(ConditionType.PROGRESSING, "False", Reason.PAIR_INCOMPATIBLE, detail)
+        )
+        result["phase"] = (
+            Phase.DEGRADED
+            if stable_revision and stable_revision != desired_revision
+            else Phase.FAILED
+        )
+    elif problem is not None:
+        updates.append(
+            ConditionUpdate(
+                ConditionType.READY,
+                "False",
+                Reason.MODEL_NOT_FOUND,
+                f"revision {desired_revision}: {problem.message}",
+            )
+        )
+
+    before = previous.conditions if previous is not None else []
+    updated = {u.type for u in updates}
+    decided = {
+        c.type: c for c in set_conditions(before, updates, generation, now) if c.type in updated
+    }
+    conditions = [Condition.model_validate(c) for c in result.get("conditions") or []]
+    present = {c.type for c in conditions}
+    merged = [decided.get(c.type, c) for c in conditions]
+    merged += [decided[u.type] for u in updates if u.type not in present]
+    result["conditions"] = [
+        c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in merged
+    ]
+    return result

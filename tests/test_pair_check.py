@@ -1,0 +1,236 @@
+"""The launcher's verdict read from pods: PairCompatible, a refused revision stopped, no loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdeploy.api.models import (
+    SizingDecision,
+    SpeculationStatus,
+    SpeculativeDeployment,
+    SpeculativeDeploymentStatus,
+)
+from specdeploy.engine import launcher
+from specdeploy.plan import pair_check
+from specdeploy.plan.pair_check import (
+    apply_pair_verdict,
+    hold_refused_revisions,
+    judge_pair,
+    read_launcher_exits,
+)
+from specdeploy.plan.rollout import RevisionDeployment, plan_rollout
+from specdeploy.plan.status import ConditionUpdate, ObservedRollout, build_status
+
+LINE = "EAGLE-3 head expects target hidden size 512, but the target /m/target has hidden size 256"
+
+
+def pod(
+    revision: str,
+    *,
+    state: dict[str, Any] | None = None,
+    last: dict[str, Any] | None = None,
+    restarts: int = 0,
+    container: str = "engine",
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"name": container, "restartCount": restarts}
+    status["state"] = state or {"waiting": {"reason": "ContainerCreating"}}
+    if last is not None:
+        status["lastState"] = last
+    return {
+        "metadata": {"name": f"sd-{revision}-x", "labels": {"specdeploy.dev/revision": revision}},
+        "status": {"containerStatuses": [status]},
+    }
+
+
+def terminated(code: int, message: str = "") -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "reason": "Error", "message": message}}
+
+
+def test_exit_codes_are_the_launchers() -> None:
+    assert pair_check.EXIT_PAIR_INCOMPATIBLE == launcher.EXIT_PAIR_INCOMPATIBLE
+    assert pair_check.EXIT_MODEL_UNAVAILABLE == launcher.EXIT_MODEL_UNAVAILABLE
+
+
+def test_a_refusal_is_read_from_the_terminated_state_or_the_last_state() -> None:
+    now = read_launcher_exits([pod("b", state=terminated(3, LINE + "\n"))])
+    assert now["b"].exit_code == 3
+    assert now["b"].message == LINE
+    assert now["b"].reason == "PairIncompatible"
+    # Restarted and waiting in back-off: the refusal is in lastState.
+    later = read_launcher_exits(
+        [pod("b", state={"waiting": {"reason": "CrashLoopBackOff"}}, last=terminated(3, LINE))]
+    )
+    assert later["b"].message == LINE
+    assert later["b"].restarts == 0
+
+
+def test_other_exits_and_other_containers_are_not_the_launchers_verdict() -> None:
+    pods = [
+        pod("a", state=terminated(137)),
+        pod("a", state=terminated(1, "vLLM crashed")),
+        pod("c", state=terminated(3, LINE), container="sidecar"),
+        {"metadata": {"name": "stray"}, "status": {}},
+    ]
+    assert read_launcher_exits(pods) == {}
+
+
+def test_a_missing_model_is_told_apart_and_a_refusal_wins_over_it() -> None:
+    missing = read_launcher_exits([pod("b", state=terminated(4, "no model at /m/draft"))])
+    assert missing["b"].reason == "ModelNotFound"
+    both = read_launcher_exits(
+        [pod("b", state=terminated(4, "no model")), pod("b", state=terminated(3, LINE))]
+    )
+    assert both["b"].exit_code == 3
+
+
+def test_a_refused_desired_revision_is_incompatible_and_held_at_zero() -> None:
+    verdict = judge_pair("b", False, True, [pod("b", state=terminated(3, LINE))], None)
+    assert verdict.refused == {"b"}
+    assert (verdict.condition.status, verdict.condition.reason) == ("False", "PairIncompatible")
+    assert verdict.condition.message == LINE
+    assert [(e.reason, e.warning) for e in verdict.events] == [("PairIncompatible", True)]
+    assert LINE in verdict.events[0].message
+
+    existing = [
+        RevisionDeployment("sd-a", "a", 1, 1, "t0"),
+        RevisionDeployment("sd-b", "b", 1, 0, "t1", pods=1),
+    ]
+    plan = plan_rollout("b", existing, 1, "a", 5)
+    assert dict(plan.replicas) == {"a": 1, "b": 1}
+    held = hold_refused_revisions(plan, verdict)
+    assert dict(held.replicas) == {"a": 1, "b": 0}
+    assert held.stable_revision == "a"
+
+
+def test_a_missing_model_is_unknown_and_keeps_its_pods() -> None:
+    verdict = judge_pair("b", False, True, [pod("b", state=terminated(4, "no model"))], None)
+    assert verdict.refused == frozenset()
+    assert (verdict.condition.status, verdict.condition.reason) == ("Unknown", "ModelNotFound")
+    assert [e.warning for e in verdict.events] == [True]
+
+
+def test_ready_pods_verify_the_pair_and_pending_ones_leave_it_unverified() -> None:
+    ready = judge_pair("b", True, True, [], None)
+    assert (ready.condition.status, ready.condition.reason) == ("True", "PairVerified")
+    waiting = judge_pair("b", False, True, [], None)
+    assert (waiting.condition.status, waiting.condition.reason) == ("Unknown", "PairUnverified")
+    assert waiting.events == ()
+    no_draft = judge_pair("b", True, False, [], None)
+    assert "no draft" in no_draft.condition.message
+
+
+def _sd(status: dict[str, Any] | None = None) -> SpeculativeDeployment:
+    body: dict[str, Any] = {
+        "metadata": {"name": "sd", "namespace": "ns", "generation": 2},
+        "spec": {
+            "replicas": 1,
+            "pair": {
+                "version": "1",
+                "target": {"model": "/m/target"},
+                "draft": {
+                    "method": "eagle3",
+                    "model": "/m/eagle3-wrong-hidden",
+                    "numSpeculativeTokens": 3,
+                },
+            },
+        },
+    }
+    if status is not None:
+        body["status"] = status
+    return SpeculativeDeployment.from_body(body)
+
+
+def _one_pass(
+    sd: SpeculativeDeployment,
+    existing: list[RevisionDeployment],
+    pods: list[dict[str, Any]],
+    now: str,
+) -> tuple[dict[str, Any], dict[str, int], pair_check.PairVerdict]:
+    """What reconcile does with plan/: rollout, the launcher's verdict, the status it writes."""
+    stable = sd.status.stable_revision if sd.status else None
+    plan = plan_rollout("b", existing, 1, stable, 5)
+    verdict = judge_pair("b", plan.desired_ready, True, pods, sd.status)
+    plan = hold_refused_revisions(plan, verdict)
+    seen = ObservedRollout(
+        sizing=SizingDecision(resource_name="nvidia.com/gpu", count=1, tensor_parallel_size=1),
+        sizing_problem=None,
+        speculation=SpeculationStatus(state="On", reason="SpeculationEnabled"),
+        desired_revision="b",
+        plan=plan,
+        revisions=existing,
+        admission=ConditionUpdate("Admitted", "True", "Admitted", ""),
+        selector="specdeploy.dev/name=sd",
+    )
+    status = apply_pair_verdict(
+        build_status(sd, seen, now),
+        verdict,
+        previous=sd.status,
+        desired_revision="b",
+        stable_revision=plan.stable_revision,
+        generation=2,
+        now=now,
+    )
+    return status, dict(plan.replicas), verdict
+
+
+def test_refused_revision_stays_stopped_after_its_pods_are_gone_while_stable_serves() -> None:
+    pair = {"target": {"model": "/m/target"}, "draft": {"method": "eagle3"}}
+    serving = RevisionDeployment("sd-a", "a", 1, 1, "t0", pair=pair, pods=1)
+    trying = RevisionDeployment("sd-b", "b", 1, 0, "t1", pair=pair, pods=1)
+    before = {"stableRevision": "a", "conditions": []}
+
+    # Pass 1: the launcher refused the new pair.
+    status, replicas, verdict = _one_pass(
+        _sd(before), [serving, trying], [pod("b", state=terminated(3, LINE))], "t2"
+    )
+    assert replicas == {"a": 1, "b": 0}
+    assert verdict.events
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["PairCompatible"]["status"] == "False"
+    assert conditions["PairCompatible"]["reason"] == "PairIncompatible"
+    assert conditions["PairCompatible"]["message"] == LINE
+    assert conditions["PairCompatible"]["observedGeneration"] == 2
+    assert conditions["Ready"]["reason"] == "PairIncompatible"
+    assert "revision a keeps serving" in conditions["Ready"]["message"]
+    assert conditions["Progressing"]["status"] == "False"
+    assert status["phase"] == "Degraded"
+    phases = {r["revision"]: r["phase"] for r in status["revisions"]}
+    assert phases == {"a": "Stable", "b": "Failed"}
+
+    # Pass 2: scaled to zero, its pod is gone; status remembers; nothing changes, no Event.
+    stopped = RevisionDeployment("sd-b", "b", 0, 0, "t1", pair=pair, pods=0)
+    again, replicas, verdict = _one_pass(_sd({**status}), [serving, stopped], [], "t3")
+    assert replicas == {"a": 1, "b": 0}
+    assert verdict.events == ()
+    assert again == {**status, "replicas": 1}
+
+
+def test_refused_revision_without_a_stable_one_fails_the_sd() -> None:
+    trying = RevisionDeployment("sd-b", "b", 1, 0, "t1", pods=1)
+    status, replicas, _ = _one_pass(
+        _sd({"conditions": []}), [trying], [pod("b", last=terminated(3, LINE), restarts=1)], "t2"
+    )
+    assert replicas == {"b": 0}
+    assert status["phase"] == "Failed"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "PairIncompatible")
+    assert LINE in ready["message"]
+
+
+def test_a_failed_mark_alone_does_not_stop_the_desired_revision() -> None:
+    # The canary analysis marks revisions Failed too; only a PairIncompatible verdict stops it.
+    status = SpeculativeDeploymentStatus.model_validate(
+        {
+            "conditions": [{"type": "PairCompatible", "status": "True", "reason": "PairVerified"}],
+            "revisions": [
+                {
+                    "revision": "b",
+                    "pairVersion": "1",
+                    "target": {"model": "t"},
+                    "draft": {"method": "eagle3"},
+                    "phase": "Failed",
+                }
+            ],
+        }
+    )
+    assert judge_pair("b", False, True, [], status).refused == frozenset()
