@@ -1,0 +1,283 @@
+"""The operator with the real CPU engine on the test bed: shared by the e2e suite and `make demo`.
+
+A SpeculativeDeployment of the tiny models (absolute local paths, shapes from their own
+config.json) is sized onto the smallest MIG slice of a KWOK node; the operator, in local-process
+mode, gives its pods the engine venv's python as command, so the test bed's process kubelet runs
+the real launcher and vLLM on this machine's CPU. Nothing here starts an engine by itself: the
+engines are the pods the operator creates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from engine_harness import ACCEPTED_TOKENS, DRAFT_TOKENS, FAST_ENGINE_ARGS, OPERATOR_SRC, http_json
+from testbed import Kubectl
+
+REPO = Path(__file__).resolve().parent.parent
+NAME_LABEL = "specdeploy.dev/name"
+REVISION_LABEL = "specdeploy.dev/revision"
+#: vLLM settings for a small, quick CPU engine, as the SD carries them (engine.extraArgs / env).
+EXTRA_ARGS = [a for a in FAST_ENGINE_ARGS if a not in ("--max-model-len", "512")]
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    # The engine venv does not install specdeploy: the launcher comes from the source tree.
+    "PYTHONPATH": str(OPERATOR_SRC),
+}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Polls `probe` every half second until it returns something truthy; raises otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.5)
+
+
+def model_shape(model_dir: str) -> dict[str, Any]:
+    """The CRD's ModelShape of a local model, from its config.json and the size of its weights."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    weights = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+    return {
+        "parametersBillion": round(weights / DTYPE_BYTES.get(dtype, 4) / 1e9, 6),
+        "layers": config["num_hidden_layers"],
+        "hiddenSize": config["hidden_size"],
+        "attentionHeads": config["num_attention_heads"],
+        "kvHeads": config.get("num_key_value_heads", config["num_attention_heads"]),
+        "vocabSize": config["vocab_size"],
+        "dtype": dtype,
+    }
+
+
+def draft_method(draft: str) -> str:
+    """The speculation method of a tiny draft by its factory name."""
+    return "eagle3" if draft.startswith("eagle3") else "draft_model"
+
+
+def tiny_pair(
+    models: Mapping[str, str], draft: str | None, version: str, tokens: int = 3
+) -> dict[str, Any]:
+    """spec.pair for the tiny target with the named tiny draft (None: no speculation)."""
+    target = {"model": models["target"], "shape": model_shape(models["target"])}
+    if draft is None:
+        return {"version": version, "target": target, "draft": {"method": "none"}}
+    spec_draft: dict[str, Any] = {
+        "method": draft_method(draft),
+        "model": models[draft],
+        "numSpeculativeTokens": tokens,
+    }
+    if spec_draft["method"] == "draft_model":
+        spec_draft["shape"] = model_shape(models[draft])
+    return {"version": version, "target": target, "draft": spec_draft}
+
+
+def tiny_sd(
+    name: str, namespace: str, models: Mapping[str, str], draft: str | None, version: str
+) -> dict[str, Any]:
+    """A SpeculativeDeployment of the tiny pair: one replica on the smallest MIG slice."""
+    return {
+        "apiVersion": "specdeploy.dev/v1alpha1",
+        "kind": "SpeculativeDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "pair": tiny_pair(models, draft, version),
+            "engine": {
+                "maxModelLen": 512,
+                "maxNumSeqs": 16,
+                "extraArgs": EXTRA_ARGS,
+                "env": [{"name": k, "value": v} for k, v in ENGINE_ENV.items()],
+            },
+            "placement": {
+                "queue": "interactive",
+                "speculation": "Auto",
+                "gpu": {"mig": "Auto"},
+            },
+        },
+    }
+
+
+def operator_config(engine_python: str, prometheus_url: str, interval: float = 2) -> dict[str, Any]:
+    """The operator config for local-process engines: the engine venv runs the launcher."""
+    return {
+        "localProcess": True,
+        "engineCommand": [engine_python, "-m", "specdeploy.engine"],
+        "engineImage": "specdeploy/engine-cpu:local",
+        "reconcileIntervalSeconds": interval,
+        "batchQueues": ["batch"],
+        "prometheusUrl": prometheus_url,
+    }
+
+
+@dataclass
+class OperatorProcess:
+    """`specdeploy operator run` as a child process watching some namespaces, logging to a file."""
+
+    kubeconfig: str
+    config: Mapping[str, Any]
+    workdir: Path
+    namespaces: tuple[str, ...]
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "operator.log"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config_path = self.workdir / "operator.yaml"
+        config_path.write_text(yaml.safe_dump(dict(self.config)))
+        env = {
+            **os.environ,
+            "KUBECONFIG": self.kubeconfig,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join([str(OPERATOR_SRC), os.environ.get("PYTHONPATH", "")]),
+        }
+        command = [sys.executable, "-m", "specdeploy.cli", "operator", "run"]
+        command += ["--config", str(config_path)]
+        for namespace in self.namespaces:
+            command += ["--namespace", namespace]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def log_tail(self, chars: int = 20000) -> str:
+        if not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+
+def apply_crds(kubectl: Kubectl) -> None:
+    """The SpeculativeDeployment CRD from crds/, once served."""
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        kubectl.apply(path.read_text())
+    eventually(
+        lambda: (
+            "speculativedeployments"
+            in kubectl.run("api-resources", "--api-group=specdeploy.dev", check=False).stdout
+        ),
+        60,
+        "the SpeculativeDeployment kind in discovery",
+    )
+
+
+# --- reading the SD and its pods -----------------------------------------------------------------
+
+
+def get_sd(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = kubectl.get_json("sd", name, "-n", namespace)
+    return found
+
+
+def condition(sd: Mapping[str, Any], type_: str) -> dict[str, Any]:
+    """The condition of this type in the SD's status ({} when absent)."""
+    for found in (sd.get("status") or {}).get("conditions") or []:
+        if found.get("type") == type_:
+            return dict(found)
+    return {}
+
+
+def revision_pods(
+    kubectl: Kubectl, namespace: str, name: str, revision: str | None = None
+) -> list[dict[str, Any]]:
+    selector = f"{NAME_LABEL}={name}"
+    if revision:
+        selector += f",{REVISION_LABEL}={revision}"
+    items: list[dict[str, Any]] = kubectl.get_json("pods", "-n", namespace, "-l", selector)["items"]
+    return items
+
+
+def ready_pod(kubectl: Kubectl, namespace: str, name: str, revision: str) -> dict[str, Any] | None:
+    for pod in revision_pods(kubectl, namespace, name, revision):
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            return pod
+    return None
+
+
+def events_of(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    """Events whose involved object is this SpeculativeDeployment."""
+    items: list[dict[str, Any]] = kubectl.get_json(
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        f"involvedObject.name={name},involvedObject.kind=SpeculativeDeployment",
+    )["items"]
+    return items
+
+
+def engine_url(sd_dir: str, pod: Mapping[str, Any]) -> str:
+    """The engine's local address, from the pod's Prometheus file-SD target (process kubelet)."""
+    metadata = pod["metadata"]
+    path = Path(sd_dir) / f"{metadata['namespace']}_{metadata['name']}_{metadata['uid']}.json"
+    groups = eventually(
+        lambda: json.loads(path.read_text()) if path.exists() else None,
+        30,
+        f"the file-SD target {path}",
+    )
+    return f"http://{groups[0]['targets'][0]}"
+
+
+def complete(url: str, model: str, prompt: str, max_tokens: int = 32) -> dict[str, Any]:
+    """A greedy completion with token ids."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    answer: dict[str, Any] = http_json(url + "/v1/completions", body)
+    return answer
+
+
+def prometheus_value(prometheus_url: str, query: str) -> float | None:
+    """The sum of an instant query's samples; None when Prometheus has none."""
+    url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    result = http_json(url)["data"]["result"]
+    if not result:
+        return None
+    return sum(float(sample["value"][1]) for sample in result)
+
+
+def spec_decode_queries(namespace: str, pod: str, revision: str) -> dict[str, str]:
+    """PromQL for the pod's draft and accepted token counters, by the labels the bed gives."""
+    labels = f'namespace="{namespace}",pod="{pod}",specdeploy_dev_revision="{revision}"'
+    return {
+        "draft": f"sum({DRAFT_TOKENS}{{{labels}}})",
+        "accepted": f"sum({ACCEPTED_TOKENS}{{{labels}}})",
+    }
