@@ -723,29 +723,28 @@ def test_restart_makes_no_duplicates_and_an_idle_operator_writes_nothing(
 
     assert len(items(kubectl, "deployments", namespace, "chat")) == 1
     assert len(items(kubectl, "services", namespace, "chat")) == 1
-    before = {
-        "sd": sd_of(kubectl, namespace, "chat")["metadata"]["resourceVersion"],
-        "deployment": items(kubectl, "deployments", namespace, "chat")[0]["metadata"][
-            "resourceVersion"
-        ],
-        "service": kubectl.get_json("service", "chat", "-n", namespace)["metadata"][
-            "resourceVersion"
-        ],
-    }
+
+    def footprint() -> dict[str, Any]:
+        """Resource versions of the SD and its children, and the namespace's Events."""
+        return {
+            "sd": sd_of(kubectl, namespace, "chat")["metadata"]["resourceVersion"],
+            "children": sorted(
+                (o["kind"], o["metadata"]["name"], o["metadata"]["resourceVersion"])
+                for kind in ("deployments", "services")
+                for o in items(kubectl, kind, namespace, "chat")
+            ),
+            "events": sorted(
+                (e["metadata"]["name"], e.get("count"))
+                for e in kubectl.get_json("events", "-n", namespace)["items"]
+            ),
+        }
+
+    before = footprint()
     offset = len(operator.log_text())
     time.sleep(60)
     writes = operator.writes_since(offset)
     assert writes == [], f"the idle operator wrote: {writes}"
-    after = {
-        "sd": sd_of(kubectl, namespace, "chat")["metadata"]["resourceVersion"],
-        "deployment": items(kubectl, "deployments", namespace, "chat")[0]["metadata"][
-            "resourceVersion"
-        ],
-        "service": kubectl.get_json("service", "chat", "-n", namespace)["metadata"][
-            "resourceVersion"
-        ],
-    }
-    assert after == before
+    assert footprint() == before
 
 
 def test_scale_and_delete(kubectl: Kubectl, namespace: str, operator: OperatorProcess) -> None:

@@ -26,6 +26,7 @@ FIELD_MANAGER = "specdeploy"
 APPLIED_HASH_ANNOTATION = "specdeploy.dev/applied-hash"
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 KUEUE_GROUP = "kueue.x-k8s.io"
+POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
 
 log = logging.getLogger("specdeploy.kube")
 
@@ -45,7 +46,9 @@ class KubeAdapter:
         self._lock = threading.Lock()
         self._count_writes()
         self.dynamic = DynamicClient(api_client)  # type: ignore[no-untyped-call]
-        self._has_pod_monitor: bool | None = None
+        # The client keeps API discovery in a file shared by every process; a kind removed
+        # since (a CRD uninstalled) would still look served.
+        self.dynamic.resources.invalidate_cache()
 
     @classmethod
     def from_environment(cls) -> KubeAdapter:
@@ -130,14 +133,17 @@ class KubeAdapter:
         return found
 
     def has_pod_monitor_crd(self) -> bool:
-        """Whether the Prometheus Operator's PodMonitor kind is served (cached per process)."""
-        if self._has_pod_monitor is None:
-            try:
-                self._resource("monitoring.coreos.com/v1", "PodMonitor")
-                self._has_pod_monitor = True
-            except ResourceNotFoundError:
-                self._has_pod_monitor = False
-        return self._has_pod_monitor
+        """Whether the Prometheus Operator's PodMonitor CRD is installed and established."""
+        crd = self._get(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            POD_MONITOR_CRD,
+            None,
+        )
+        if crd is None or (crd.get("metadata") or {}).get("deletionTimestamp"):
+            return False
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
     # --- writes ------------------------------------------------------------------------------
 
