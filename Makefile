@@ -87,6 +87,10 @@ operator-down: ## Stop the background operator
 e2e: venv tools system-deps engine-venv ## End-to-end tests against the local cluster (never skipped)
 	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m e2e
 
+.PHONY: demo
+demo: venv tools system-deps engine-venv ## Local cluster + operator + CPU vLLM: a good pair served, a mismatched one refused (KEEP=1 leaves it running)
+	$(PY) hack/demo.py
+
 .PHONY: bench-engine
 bench-engine: venv engine-venv ## CPU engine tokens/s and latency with and without speculation
 	$(PY) hack/bench-engine.py

@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""`make demo`: the operator serving a real pair on this machine's CPU, and refusing a bad one.
+
+    make demo          # installs what it needs, runs the steps, stops what it started
+    KEEP=1 make demo   # leaves the cluster, the operator and the serving pair running
+
+Steps: start (or reuse) the local test-bed cluster; write the tiny models; start the operator
+in local-process mode watching the namespace `specdeploy-demo`; apply the tiny target with its
+good draft (`draft-small`) and wait for Ready; send a completion and read the acceptance rate
+from Prometheus; then point the same SpeculativeDeployment at a draft trained for another
+target and show it refused (PairCompatible=False, a Warning Event) while the good pair keeps
+serving. Exits non-zero, naming the step, when one fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "e2e"), str(REPO / "operator")]
+
+from engine_cluster import (  # noqa: E402
+    OperatorProcess,
+    apply_crds,
+    complete,
+    condition,
+    engine_url,
+    eventually,
+    get_sd,
+    operator_config,
+    prometheus_value,
+    ready_pod,
+    tiny_sd,
+)
+from engine_harness import (  # noqa: E402
+    ACCEPTED_TOKENS,
+    DRAFT_TOKENS,
+    build_tiny_models,
+    engine_python_path,
+)
+from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, down, up  # noqa: E402
+
+NAMESPACE = "specdeploy-demo"
+SD = "tiny-chat"
+GOOD_DRAFT = "draft-small"
+BAD_DRAFT = "eagle3-other-verifier"
+RUN = REPO / ".run" / "demo"
+MAKE_OPERATOR_PID = REPO / ".run" / "operator.pid"
+KEEP = os.environ.get("KEEP") == "1"
+READY_TIMEOUT_S = 480
+CONDITIONS_JSONPATH = (
+    "jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{'\\n'}{end}"
+)
+PROMPTS = [
+    "The cat sat on the",
+    "In the morning the queue",
+    "A node sees the",
+    "The draft and the target",
+]
+
+
+class StepFailedError(RuntimeError):
+    pass
+
+
+_steps: list[str] = []
+
+
+def header(title: str) -> None:
+    _steps.append(title)
+    print(f"\n=== [{len(_steps)}] {title} ===", flush=True)
+
+
+def say(text: str) -> None:
+    print(f"    {text}", flush=True)
+
+
+@contextlib.contextmanager
+def step(title: str) -> Iterator[None]:
+    header(title)
+    began = time.monotonic()
+    try:
+        yield
+    except Exception as error:
+        raise StepFailedError(f"step {len(_steps)} ({title}) failed: {error}") from error
+    say(f"({time.monotonic() - began:.1f}s)")
+
+
+def show(kubectl: Kubectl, *args: str) -> None:
+    """Runs kubectl and prints what it printed, as a person typing it would see."""
+    print(f"    $ kubectl {' '.join(args)}", flush=True)
+    done = kubectl.run(*args, check=False)
+    for line in (done.stdout + done.stderr).rstrip().splitlines():
+        print(f"      {line}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def refuse_a_second_operator() -> None:
+    """An operator from `make operator-up` watches every namespace with its own config."""
+    if MAKE_OPERATOR_PID.exists():
+        text = MAKE_OPERATOR_PID.read_text().strip()
+        if text.isdigit() and alive(int(text)):
+            raise RuntimeError(
+                f"an operator started by `make operator-up` runs (pid {text}) and would "
+                "reconcile the demo's SD with its own config: `make operator-down` first"
+            )
+
+
+def stop_previous_demo_operator() -> None:
+    """A KEEP=1 run left its operator running: stop it (and only it) before starting anew."""
+    pid_file = RUN / "operator.pid"
+    if not pid_file.exists():
+        return
+    pid = int(pid_file.read_text().strip() or 0)
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if pid and cmdline.exists() and b"specdeploy.cli\0operator\0run" in cmdline.read_bytes():
+        say(f"stopping the operator a previous KEEP=1 demo left running (pid {pid})")
+        os.kill(pid, signal.SIGINT)
+        eventually(lambda: not alive(pid), 30, f"operator pid {pid} to stop")
+    pid_file.unlink(missing_ok=True)
+
+
+def wait_for(probe: Callable[[], Any], timeout: float, what: str) -> Any:
+    say(f"waiting for {what} (up to {timeout:.0f}s)")
+    return eventually(probe, timeout, what)
+
+
+def acceptance(prometheus_url: str, revision: str) -> tuple[float, float]:
+    labels = f'namespace="{NAMESPACE}",specdeploy_dev_revision="{revision}"'
+    draft = prometheus_value(prometheus_url, f"sum({DRAFT_TOKENS}{{{labels}}})") or 0.0
+    accepted = prometheus_value(prometheus_url, f"sum({ACCEPTED_TOKENS}{{{labels}}})") or 0.0
+    return accepted, draft
+
+
+def has_canary_analysis() -> bool:
+    return importlib.util.find_spec("specdeploy.plan.analysis") is not None
+
+
+def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
+    with step("Tiny models (written on disk, never downloaded)"):
+        python = engine_python_path()
+        models = build_tiny_models(python)
+        say(f"engine python: {python}")
+        say(f"target: {models['target']}")
+        say(f"good draft ({GOOD_DRAFT}): {models[GOOD_DRAFT]}")
+        say(f"mismatched draft ({BAD_DRAFT}): {models[BAD_DRAFT]}")
+
+    with step(f"The operator (local-process engines) watching namespace {NAMESPACE}"):
+        refuse_a_second_operator()
+        stop_previous_demo_operator()
+        apply_crds(kubectl)
+        create_namespace_with_queues(kubectl, NAMESPACE)
+        operator.config = operator_config(str(python), env.prometheus_url)
+        operator.start()
+        assert operator.process is not None
+        (RUN / "operator.pid").write_text(f"{operator.process.pid}\n")
+        say(f"operator pid {operator.process.pid}, log {operator.log_path}")
+        say(f"engine command: {python} -m specdeploy.engine serve -- <vllm args>")
+
+    with step(f"Apply the pair: tiny target + {GOOD_DRAFT} (draft_model, 3 speculative tokens)"):
+        body = tiny_sd(SD, NAMESPACE, models, GOOD_DRAFT, "1.0-small")
+        kubectl.apply([body])
+        say(f"applied SpeculativeDeployment {NAMESPACE}/{SD}")
+
+        def ready() -> dict[str, Any] | None:
+            sd = get_sd(kubectl, NAMESPACE, SD)
+            return sd if condition(sd, "Ready").get("status") == "True" else None
+
+        sd = wait_for(ready, READY_TIMEOUT_S, "Ready=True (vLLM loading the pair on the CPU)")
+        stable = sd["status"]["stableRevision"]
+        show(kubectl, "get", "sd", "-n", NAMESPACE, "-o", "wide")
+        show(kubectl, "get", "deployments,pods", "-n", NAMESPACE, "-o", "wide")
+        pair = condition(sd, "PairCompatible")
+        say(f"PairCompatible={pair.get('status')} ({pair.get('reason')}): {pair.get('message')}")
+        say(f"sizing: {sd['status']['sizing']['message']}")
+
+    with step("A completion from the pod's vLLM (greedy, with speculation)"):
+        pod = ready_pod(kubectl, NAMESPACE, SD, stable)
+        if pod is None:
+            raise RuntimeError(f"no ready pod of revision {stable}")
+        url = engine_url(env.prometheus_sd_dir, pod)
+        say(f"pod {pod['metadata']['name']} on node {pod['spec']['nodeName']} listens on {url}")
+        answer = complete(url, models["target"], PROMPTS[0], max_tokens=32)
+        say(f"prompt: {PROMPTS[0]!r} (the tiny target has random weights: expect no sense)")
+        say(
+            f"completion ({answer['usage']['completion_tokens']} tokens): "
+            f"{json.dumps(answer['choices'][0]['text'])}"
+        )
+
+    with step("Acceptance rate, as Prometheus scraped it from the pod"):
+        for prompt in PROMPTS:
+            complete(url, models["target"], prompt, max_tokens=64)
+        _, drafted = acceptance(env.prometheus_url, stable)
+
+        def scraped() -> tuple[float, float] | None:
+            accepted, draft = acceptance(env.prometheus_url, stable)
+            return (accepted, draft) if draft > drafted else None
+
+        accepted, draft = wait_for(scraped, 60, "the next scrape (every 2s)")
+        say(
+            f'query: sum({ACCEPTED_TOKENS}{{namespace="{NAMESPACE}",'
+            f'specdeploy_dev_revision="{stable}"}}) / sum({DRAFT_TOKENS}{{...}})'
+        )
+        say(
+            f"accepted {accepted:.0f} of {draft:.0f} draft tokens: "
+            f"acceptance rate {accepted / draft:.2f}"
+        )
+        say("(the ACCEPTANCE column of `kubectl get sd` stays empty: the operator does not yet")
+        say(" write status.acceptanceRate; that comes with the canary analysis)")
+
+    with step(f"Apply a mismatched pair: the same target + {BAD_DRAFT}"):
+        kubectl.apply([tiny_sd(SD, NAMESPACE, models, BAD_DRAFT, "1.1-eagle3")])
+        say("this EAGLE-3 head declares it was trained for specdeploy-tiny/other-target")
+
+        def refused() -> dict[str, Any] | None:
+            sd = get_sd(kubectl, NAMESPACE, SD)
+            return sd if condition(sd, "PairCompatible").get("status") == "False" else None
+
+        sd = wait_for(refused, 120, "PairCompatible=False")
+        show(
+            kubectl,
+            "get",
+            "sd",
+            SD,
+            "-n",
+            NAMESPACE,
+            "-o",
+            CONDITIONS_JSONPATH,
+        )
+        show(
+            kubectl,
+            "get",
+            "events",
+            "-n",
+            NAMESPACE,
+            "--field-selector",
+            f"involvedObject.name={SD},involvedObject.kind=SpeculativeDeployment,type=Warning",
+        )
+        failed = [r["revision"] for r in sd["status"]["revisions"] if r["phase"] == "Failed"]
+        say(f"revisions marked Failed: {failed}; stable revision: {sd['status']['stableRevision']}")
+        if sd["status"]["stableRevision"] != stable:
+            raise RuntimeError(f"the stable revision moved from {stable}")
+
+    with step("The good pair keeps serving; the refused revision is stopped, not crash-looping"):
+        wait_for(
+            lambda: all(
+                kubectl.get_json("deployment", f"{SD}-{r}", "-n", NAMESPACE)["spec"]["replicas"]
+                == 0
+                for r in failed
+            ),
+            60,
+            "the refused revision at zero replicas",
+        )
+        show(kubectl, "get", "sd,deployments,pods", "-n", NAMESPACE)
+        answer = complete(url, models["target"], PROMPTS[1], max_tokens=16)
+        say(f"completion from revision {stable}: {json.dumps(answer['choices'][0]['text'])}")
+
+    header("Not shown: automatic rollback on low measured acceptance")
+    if has_canary_analysis():
+        say("the operator has a canary analysis module, but this demo does not exercise it yet.")
+    else:
+        say("not built yet: judging a canary by its acceptance rate and rolling it back by itself")
+        say("belongs to the canary-analysis work. Today a new pair rolls forward once Ready,")
+        say("whatever its acceptance; the refusal above is the launcher's pair check.")
+
+
+def main() -> int:
+    RUN.mkdir(parents=True, exist_ok=True)
+    started_cluster = False
+    operator: OperatorProcess | None = None
+    env: ClusterEnv | None = None
+    failure: str | None = None
+    try:
+        with step("The local cluster (etcd, API server, KWOK GPU nodes, Kueue, Prometheus)"):
+            env, started_cluster = up(log=say, die_with_parent=not KEEP)
+            say(f"{'started' if started_cluster else 'reusing'}: KUBECONFIG={env.kubeconfig}")
+            say(f"Prometheus {env.prometheus_url}")
+        kubectl = env.kubectl()
+        operator = OperatorProcess(env.kubeconfig, {}, RUN, (NAMESPACE,))
+        run(env, kubectl, operator)
+    except StepFailedError as error:
+        failure = str(error)
+    except Exception as error:  # outside a step: still clean up and say what broke
+        failure = f"{type(error).__name__}: {error}"
+    except KeyboardInterrupt:
+        failure = "interrupted"
+
+    if failure and operator is not None:
+        print(f"\n--- operator log (last lines of {operator.log_path}) ---")
+        print(operator.log_tail(4000))
+
+    if KEEP and not failure:
+        header("KEEP=1: left running")
+        assert env is not None
+        say(f"export KUBECONFIG={env.kubeconfig}")
+        say(f"kubectl get sd -n {NAMESPACE}")
+        if operator is not None and operator.process is not None:
+            say(f"operator pid {operator.process.pid} (stop: kill -INT {operator.process.pid})")
+        if started_cluster:
+            say("the cluster: make cluster-down")
+    else:
+        header("Clean up: what the demo started")
+        if env is not None and operator is not None and operator.process is not None:
+            done = env.kubectl().run(
+                "delete", "sd", "--all", "-n", NAMESPACE, "--timeout=90s", check=False
+            )
+            say(done.stdout.strip() or done.stderr.strip())
+            operator.stop()
+            (RUN / "operator.pid").unlink(missing_ok=True)
+            say("operator stopped")
+            env.kubectl().run("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+            say(f"namespace {NAMESPACE} deleted")
+        if started_cluster:
+            down(log=say)
+            say("cluster stopped")
+        elif env is not None:
+            say("the cluster was running before the demo: left running")
+
+    if failure:
+        print(f"\nDEMO FAILED: {failure}", file=sys.stderr)
+        return 1
+    print("\nDemo finished.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
