@@ -10,6 +10,7 @@ from specdeploy.plan.status import (
     ConditionUpdate,
     ObservedRollout,
     build_status,
+    condition_events,
     find_condition,
     set_condition,
     status_patch,
@@ -144,3 +145,18 @@ def test_verdicts_and_failed_phase_written_by_analysis_are_kept() -> None:
     first = status["revisions"][0]
     assert first["phase"] == "Failed"
     assert first["verdicts"][0]["acceptanceRate"] == 0.2
+
+
+def test_condition_events_skip_unknown_and_expected_not_ready() -> None:
+    start = [
+        {"type": "Ready", "status": "False", "reason": "ReplicasNotReady", "message": "0/1"},
+        {"type": "Admitted", "status": "Unknown", "reason": "WaitingForQuota", "message": ""},
+        {"type": "Sized", "status": "False", "reason": "Unschedulable", "message": "976 GiB"},
+    ]
+    events = condition_events([], start)
+    assert [(e.reason, e.warning) for e in events] == [("Unschedulable", True)]
+    ready = [{"type": "Ready", "status": "True", "reason": "AllReplicasReady", "message": ""}]
+    assert [e.reason for e in condition_events(start, ready)] == ["AllReplicasReady"]
+    lost = [{"type": "Ready", "status": "False", "reason": "ReplicasNotReady", "message": ""}]
+    assert [e.reason for e in condition_events(ready, lost)] == ["ReplicasNotReady"]
+    assert condition_events(ready, ready) == []

@@ -40,7 +40,7 @@ from specdeploy.plan.speculation import decide_speculation, served_spec
 from specdeploy.plan.status import (
     ObservedRollout,
     build_status,
-    condition_changes,
+    condition_events,
     status_patch,
 )
 
@@ -48,9 +48,6 @@ log = logging.getLogger("specdeploy.reconcile")
 
 # (body, type, reason, message): how a reconcile posts a Kubernetes Event.
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
-
-# Conditions whose change is worth an Event, and the Event type of their False status.
-CONDITIONS_WORTH_AN_EVENT = {"Ready", "Sized", "Admitted", "Speculating"}
 
 
 def now_rfc3339() -> str:
@@ -205,18 +202,11 @@ class Reconciler:
             self.post_event(
                 body, "Warning" if event.warning else "Normal", event.reason, event.message
             )
-        changed = condition_changes(
+        for event in condition_events(
             current_status.get("conditions") or [], desired_status["conditions"]
-        )
-        for condition in changed:
-            if condition["type"] not in CONDITIONS_WORTH_AN_EVENT:
-                continue
-            bad = condition["status"] == "False" and condition["type"] in ("Sized", "Admitted")
+        ):
             self.post_event(
-                body,
-                "Warning" if bad else "Normal",
-                str(condition["reason"]),
-                f"{condition['type']}={condition['status']}: {condition.get('message', '')}",
+                body, "Warning" if event.warning else "Normal", event.reason, event.message
             )
         if isinstance(sizing_result, ShapeUnknown):
             log.warning("%s/%s: %s", namespace, name, sizing_result.message)

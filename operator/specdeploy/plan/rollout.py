@@ -113,8 +113,9 @@ def plan_rollout(
     events: list[RolloutEvent] = []
     create = desired_revision is not None and desired is None
     if create:
+        beside = f" alongside revision {stable_revision}" if stable_revision in by_revision else ""
         events.append(
-            RolloutEvent(Reason.NEW_REVISION, f"created revision {desired_revision} alongside")
+            RolloutEvent(Reason.NEW_REVISION, f"created revision {desired_revision}{beside}")
         )
 
     if stable_revision not in by_revision:
@@ -132,12 +133,9 @@ def plan_rollout(
         replicas[desired_revision] = spec_replicas
     if desired_ready:
         if stable_revision != desired_revision:
-            previous = stable_revision or "none"
+            then = f"; revision {stable_revision} scales to zero" if stable_revision else ""
             events.append(
-                RolloutEvent(
-                    Reason.ROLLOUT_COMPLETE,
-                    f"revision {desired_revision} is ready; revision {previous} scales to zero",
-                )
+                RolloutEvent(Reason.ROLLOUT_COMPLETE, f"revision {desired_revision} is ready{then}")
             )
         stable_revision = desired_revision
     for deployment in existing:

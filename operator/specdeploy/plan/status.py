@@ -22,7 +22,7 @@ from specdeploy.api.models import (
     SpeculativeDeployment,
     SpeculativeDeploymentStatus,
 )
-from specdeploy.plan.rollout import RevisionDeployment, RolloutPlan
+from specdeploy.plan.rollout import RevisionDeployment, RolloutEvent, RolloutPlan
 
 
 @dataclass(frozen=True)
@@ -298,3 +298,39 @@ def condition_changes(
     """Conditions in `after` whose status or reason differ from `before` (or that are new)."""
     old = {c.get("type"): (c.get("status"), c.get("reason")) for c in before}
     return [c for c in after if old.get(c.get("type")) != (c.get("status"), c.get("reason"))]
+
+
+# Conditions whose changes are worth an Event; a False Sized or Admitted is a Warning.
+CONDITIONS_WORTH_AN_EVENT = (
+    ConditionType.READY,
+    ConditionType.SIZED,
+    ConditionType.ADMITTED,
+    ConditionType.SPECULATING,
+)
+WARNING_WHEN_FALSE = (ConditionType.SIZED, ConditionType.ADMITTED)
+
+
+def condition_events(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> list[RolloutEvent]:
+    """The Events a person wants from condition changes.
+
+    Unknown is never news. Ready speaks when it becomes True or stops being True (while a new
+    SD starts, "not ready yet" is expected; Sized and Admitted say why it cannot start).
+    """
+    was = {c.get("type"): c.get("status") for c in before}
+    events: list[RolloutEvent] = []
+    for condition in condition_changes(before, after):
+        type_, status = condition.get("type"), condition.get("status")
+        if type_ not in CONDITIONS_WORTH_AN_EVENT or status == "Unknown":
+            continue
+        if type_ == ConditionType.READY and status != "True" and was.get(type_) != "True":
+            continue
+        events.append(
+            RolloutEvent(
+                reason=str(condition.get("reason", "")),
+                message=f"{type_}={status}: {condition.get('message', '')}",
+                warning=status == "False" and type_ in WARNING_WHEN_FALSE,
+            )
+        )
+    return events
