@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import copy
+import json
+import threading
 from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import pytest
 
 from specdeploy.adapters.kube import APPLIED_HASH_ANNOTATION, manifest_hash
 from specdeploy.api.config import OperatorConfig
@@ -244,3 +249,67 @@ def test_scaling_the_sd_scales_its_revision() -> None:
     reconciler.reconcile("ns", "chat")
     assert status(kube)["replicas"] == 3
     assert status(kube)["readyReplicas"] == 3
+
+
+def test_a_model_outside_the_catalog_is_sized_from_its_config_json() -> None:
+    requests: list[str] = []
+    config_json = {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "torch_dtype": "bfloat16",
+    }
+
+    class Hub(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            requests.append(self.path)
+            known = self.path == "/acme/llama-clone/resolve/v7/config.json"
+            self.send_response(200 if known else 404)
+            self.end_headers()
+            if known:
+                self.wfile.write(json.dumps(config_json).encode())
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        body = sd_body()
+        body["spec"]["pair"]["target"] = {"model": "acme/llama-clone", "revision": "v7"}
+        body["spec"]["pair"]["draft"] = {
+            "method": "draft_model",
+            "model": "acme/unknown-draft",
+            "numSpeculativeTokens": 3,
+        }
+        kube, _, _ = setup(body)
+        url = f"http://127.0.0.1:{server.server_port}/{{model}}/resolve/{{revision}}/config.json"
+        reconciler = Reconciler(
+            kube,  # type: ignore[arg-type]
+            OperatorConfig.model_validate({"modelConfigUrl": url}),
+            lambda *_: None,
+        )
+        reconciler.reconcile("ns", "chat")
+        sized = condition(kube, "Sized")
+        assert sized["status"] == "False", "the draft's shape is unknown"
+        assert "acme/unknown-draft" in sized["message"]
+        reconciler.reconcile("ns", "chat")
+        # The clone was read once; the unknown draft is not asked again right away.
+        assert sorted(requests) == [
+            "/acme/llama-clone/resolve/v7/config.json",
+            "/acme/unknown-draft/resolve/main/config.json",
+        ]
+
+        body["spec"]["pair"]["draft"] = {"method": "ngram", "numSpeculativeTokens": 3}
+        kube.objects[("SpeculativeDeployment", "ns", "chat")]["spec"] = body["spec"]
+        reconciler.reconcile("ns", "chat")
+        assert condition(kube, "Sized")["status"] == "True"
+        assert status(kube)["sizing"]["memory"]["targetWeightsGiB"] == pytest.approx(
+            14.96, abs=0.02
+        )
+    finally:
+        server.shutdown()
+        server.server_close()

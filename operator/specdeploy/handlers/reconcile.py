@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -47,6 +48,9 @@ from specdeploy.plan.status import (
 log = logging.getLogger("specdeploy.reconcile")
 
 # (body, type, reason, message): how a reconcile posts a Kubernetes Event.
+# How long a model whose config.json could not be read waits before it is asked for again.
+SHAPE_RETRY_SECONDS = 300.0
+
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 
 
@@ -65,6 +69,9 @@ class Reconciler:
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._shapes: dict[tuple[str, str | None], ModelShape] = {}
+        # When a config.json could not be read: not asked again before this monotonic time,
+        # so a model the hub does not know does not slow every reconcile down.
+        self._shape_retry_at: dict[tuple[str, str | None], float] = {}
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -88,12 +95,15 @@ class Reconciler:
         for model in models_needing_shapes(spec):
             key = (model, revisions.get(model))
             if key not in self._shapes:
+                if time.monotonic() < self._shape_retry_at.get(key, 0.0):
+                    continue
                 try:
                     self._shapes[key] = fetch_model_shape(
                         self.config.model_config_url, model, key[1], self._hub_token(sd)
                     )
                 except ModelConfigUnavailableError as error:
                     log.warning("no shape for %s: %s", model, error)
+                    self._shape_retry_at[key] = time.monotonic() + SHAPE_RETRY_SECONDS
                     continue
             fetched[model] = self._shapes[key]
         return fetched
