@@ -167,6 +167,7 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
         apply_crds(kubectl)
         create_namespace_with_queues(kubectl, NAMESPACE)
         operator.config = operator_config(str(python), env.prometheus_url)
+        operator.log_path.unlink(missing_ok=True)
         operator.start()
         assert operator.process is not None
         (RUN / "operator.pid").write_text(f"{operator.process.pid}\n")
