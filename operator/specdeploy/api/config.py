@@ -82,6 +82,13 @@ class OperatorConfig(ApiModel):
         gt=0,
         description="Period of the level-based reconcile of every SpeculativeDeployment.",
     )
+    liveness_endpoint: str | None = Field(
+        default=None,
+        description=(
+            "Where the operator answers liveness probes, e.g. http://0.0.0.0:8080/healthz; "
+            "none when unset."
+        ),
+    )
     model_config_url: str = Field(
         default="https://huggingface.co/{model}/resolve/{revision}/config.json",
         description=(

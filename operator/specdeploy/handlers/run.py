@@ -161,6 +161,7 @@ def main(args: argparse.Namespace) -> int:
             clusterwide=not namespaces,
             namespaces=namespaces,
             standalone=True,
+            liveness_endpoint=config.liveness_endpoint,
         )
     )
     return 0
