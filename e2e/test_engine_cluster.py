@@ -227,3 +227,38 @@ def test_a_mismatched_draft_is_refused_and_the_good_pair_keeps_serving(
     assert (
         bed.kubectl.get_json("deployment", deployment, "-n", bed.namespace)["spec"]["replicas"] == 0
     )
+
+
+def test_a_missing_draft_is_told_apart_from_a_refused_pair(
+    bed: Bed, serving: tuple[str, dict[str, Any], str]
+) -> None:
+    stable, _, url = serving
+    body = tiny_sd(SD, bed.namespace, bed.models, "eagle3", "3-missing")
+    missing = bed.models["eagle3"] + "-missing"
+    body["spec"]["pair"]["draft"]["model"] = missing
+    bed.kubectl.apply([body])
+
+    def unknown() -> dict[str, Any] | None:
+        sd = bed.sd()
+        pair = condition(sd, "PairCompatible")
+        return sd if pair.get("reason") == "ModelNotFound" and missing in pair["message"] else None
+
+    sd = eventually(unknown, 90, "PairCompatible=Unknown with reason ModelNotFound")
+    assert condition(sd, "PairCompatible")["status"] == "Unknown"
+    assert condition(sd, "Ready")["reason"] == "ModelNotFound"
+    print(f"missing draft: {condition(sd, 'PairCompatible')['message']}")
+    warnings = [
+        e
+        for e in events_of(bed.kubectl, bed.namespace, SD)
+        if e["type"] == "Warning" and e["reason"] == "ModelNotFound"
+    ]
+    assert warnings
+    # Not a verdict on the pair: the revision keeps its pod (under back-off), not marked Failed.
+    [record] = [r for r in sd["status"]["revisions"] if r["draft"].get("model") == missing]
+    assert record["phase"] != "Failed"
+    deployment = f"{SD}-{record['revision']}"
+    assert (
+        bed.kubectl.get_json("deployment", deployment, "-n", bed.namespace)["spec"]["replicas"] == 1
+    )
+    assert bed.sd()["status"]["stableRevision"] == stable
+    assert complete(url, bed.models["target"], PROMPTS[2], max_tokens=8)["choices"][0]["text"]
