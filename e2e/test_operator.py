@@ -366,19 +366,17 @@ def wait_ready(kubectl: Kubectl, namespace: str, name: str, timeout: int = 90) -
     )
 
 
-# What each example needs to be placeable on the test bed (no A100s; quota of the queues), and
+# What each example needs to be placeable on the test bed (quota of the queues), and
 # where its pods must land: (patches, resource, count, node name prefix).
 EXAMPLE_PLACEMENT: dict[str, tuple[dict[str, Any], str, int, str]] = {
-    # The test bed's MIG node is an H100; the example asks for an A100-80GB slice.
     "llama-8b-eagle3-mig.yaml": (
-        {"placement": {"gpu": {"product": H100, "mig": "Required"}}},
+        {},
         "nvidia.com/mig-3g.40gb",
         1,
         "kwok-h100-mig-",
     ),
-    # 16384 x 64 tokens of KV cache need 8 H100s (docs/sizing.md); 8192 x 32 fit four.
     "llama-70b-eagle3-tp4.yaml": (
-        {"engine": {"maxModelLen": 8192, "maxNumSeqs": 32}},
+        {},
         "nvidia.com/gpu",
         4,
         "kwok-h100-",

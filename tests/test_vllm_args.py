@@ -42,13 +42,13 @@ def test_llama_8b_eagle3_on_a_mig_slice() -> None:
         "--max-model-len",
         "8192",
         "--max-num-seqs",
-        "16",
+        "8",
         "--gpu-memory-utilization",
         "0.9",
         "--speculative-config",
         '{"draft_tensor_parallel_size":1,"method":"eagle3",'
         '"model":"RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3","num_speculative_tokens":3,'
-        '"num_speculative_tokens_per_batch_size":[[1,8,3],[9,16,0]],"revision":"main"}',
+        '"num_speculative_tokens_per_batch_size":[[1,4,3],[5,8,0]],"revision":"main"}',
     ]
 
 
@@ -64,15 +64,15 @@ def test_llama_70b_eagle3_on_four_gpus() -> None:
         "--tensor-parallel-size",
         "4",
         "--max-model-len",
-        "16384",
+        "8192",
         "--max-num-seqs",
-        "64",
+        "32",
         "--gpu-memory-utilization",
         "0.92",
         "--speculative-config",
         '{"draft_tensor_parallel_size":4,"method":"eagle3",'
         '"model":"yuhuili/EAGLE3-LLaMA3.3-Instruct-70B","num_speculative_tokens":5,'
-        '"num_speculative_tokens_per_batch_size":[[1,8,5],[9,32,3],[33,64,0]],'
+        '"num_speculative_tokens_per_batch_size":[[1,8,5],[9,16,3],[17,32,0]],'
         '"revision":"main"}',
     ]
 
