@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import celpy
+import celpy.adapter
 import jsonschema
 
 from specdeploy.api.crd import openapi_v3_schema
@@ -115,7 +116,7 @@ def cel_errors(schema: dict[str, Any], value: Any) -> list[str]:
     for path, node, item in _walk(schema, value):
         for rule in node.get("x-kubernetes-validations", []):
             program = env.program(env.compile(rule["rule"]), functions={"isSorted": _is_sorted})
-            result = program.evaluate({"self": celpy.json_to_cel(item)})
+            result = program.evaluate({"self": celpy.adapter.json_to_cel(item)})
             if isinstance(result, Exception) or not bool(result):
                 where = (path + rule.get("fieldPath", "")).lstrip(".")
                 errors.append(f"{where}: Invalid value: {rule['message']}")

@@ -168,7 +168,9 @@ def setup(body: dict[str, Any]) -> tuple[FakeKube, Reconciler, list[tuple[str, s
 
 
 def status(kube: FakeKube) -> dict[str, Any]:
-    return kube.objects[("SpeculativeDeployment", "ns", "chat")]["status"]
+    body: dict[str, Any] = kube.objects[("SpeculativeDeployment", "ns", "chat")]
+    result: dict[str, Any] = body["status"]
+    return result
 
 
 def condition(kube: FakeKube, type_: str) -> dict[str, Any]:

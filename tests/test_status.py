@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdeploy.api.models import SizingDecision, SpeculationStatus, SpeculativeDeployment
+from specdeploy.api.models import (
+    ConditionStatus,
+    SizingDecision,
+    SpeculationStatus,
+    SpeculativeDeployment,
+)
 from specdeploy.plan.rollout import RevisionDeployment, RolloutPlan
 from specdeploy.plan.status import (
     ConditionUpdate,
@@ -54,7 +59,7 @@ def test_status_patch_is_empty_when_nothing_changed() -> None:
 
 
 def _observed(
-    desired: str | None, stable: str | None, ready: bool, admitted: str = "True"
+    desired: str | None, stable: str | None, ready: bool, admitted: ConditionStatus = "True"
 ) -> ObservedRollout:
     revisions = [
         RevisionDeployment(
