@@ -26,14 +26,14 @@ venv: $(VENV)/.installed ## Create the project virtualenv
 
 .PHONY: lint
 lint: venv ## ruff and mypy --strict
-	$(VENV)/bin/ruff check operator tests e2e
-	$(VENV)/bin/ruff format --check operator tests e2e
+	$(VENV)/bin/ruff check operator tests e2e hack
+	$(VENV)/bin/ruff format --check operator tests e2e hack
 	$(VENV)/bin/mypy
 
 .PHONY: fmt
 fmt: venv ## Format the code
-	$(VENV)/bin/ruff check --fix operator tests e2e
-	$(VENV)/bin/ruff format operator tests e2e
+	$(VENV)/bin/ruff check --fix operator tests e2e hack
+	$(VENV)/bin/ruff format operator tests e2e hack
 
 .PHONY: unit
 unit: venv ## Unit tests (no cluster)

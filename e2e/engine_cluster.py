@@ -14,17 +14,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
 from engine_harness import ACCEPTED_TOKENS, DRAFT_TOKENS, FAST_ENGINE_ARGS, OPERATOR_SRC, http_json
-from testbed import Kubectl
+from testbed import Kubectl, eventually
 
 REPO = Path(__file__).resolve().parent.parent
 NAME_LABEL = "specdeploy.dev/name"
@@ -39,20 +38,6 @@ ENGINE_ENV = {
     "PYTHONPATH": str(OPERATOR_SRC),
 }
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-T = TypeVar("T")
-
-
-def eventually(probe: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Polls `probe` every half second until it returns something truthy; raises otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.5)
 
 
 def model_shape(model_dir: str) -> dict[str, Any]:

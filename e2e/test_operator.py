@@ -15,15 +15,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
-from testbed import ClusterEnv, Kubectl
+from testbed import ClusterEnv, Kubectl, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -33,20 +33,6 @@ REVISION_LABEL = "specdeploy.dev/revision"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 H100 = "NVIDIA-H100-80GB-HBM3"
 WRITE_LINE = re.compile(r"api write: (\S+) (\S+)")
-
-T = TypeVar("T")
-
-
-def eventually(probe: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Polls `probe` until it returns something truthy; fails the test with `what` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.5)
 
 
 # --- the operator as a subprocess -------------------------------------------------------------

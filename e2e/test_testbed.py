@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
-from testbed import Kubectl
+from testbed import Kubectl, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -21,20 +20,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO_ROOT / "crds"
 INVALID_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "invalid"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
-
-T = TypeVar("T")
-
-
-def eventually(probe: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Poll ``probe`` until it returns something truthy; fail the test with ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.5)
 
 
 def _crd_documents() -> list[dict[str, Any]]:

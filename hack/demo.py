@@ -34,7 +34,6 @@ from engine_cluster import (  # noqa: E402
     complete,
     condition,
     engine_url,
-    eventually,
     get_sd,
     operator_config,
     prometheus_value,
@@ -47,7 +46,14 @@ from engine_harness import (  # noqa: E402
     build_tiny_models,
     engine_python_path,
 )
-from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, down, up  # noqa: E402
+from testbed import (  # noqa: E402
+    ClusterEnv,
+    Kubectl,
+    create_namespace_with_queues,
+    down,
+    eventually,
+    up,
+)
 
 NAMESPACE = "specdeploy-demo"
 SD = "tiny-chat"

@@ -12,6 +12,7 @@ from testbed.cluster import (
     up,
 )
 from testbed.kubectl import Kubectl, KubectlError
+from testbed.polling import eventually
 
 __all__ = [
     "LOCAL_PROCESS_ANNOTATION",
@@ -21,6 +22,7 @@ __all__ = [
     "KubectlError",
     "create_namespace_with_queues",
     "down",
+    "eventually",
     "health",
     "run_dir",
     "up",
