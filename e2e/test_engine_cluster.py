@@ -25,7 +25,6 @@ from engine_cluster import (
     condition,
     engine_url,
     events_of,
-    eventually,
     get_sd,
     operator_config,
     prometheus_value,
@@ -35,7 +34,7 @@ from engine_cluster import (
     tiny_sd,
 )
 from engine_harness import engine_python, tiny_models
-from testbed import ClusterEnv, Kubectl, create_namespace_with_queues
+from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
@@ -97,7 +96,9 @@ def bed(
     namespace = f"e2e-engine-cluster-{uuid.uuid4().hex[:5]}"
     create_namespace_with_queues(kubectl, namespace)
     apply_crds(kubectl)
-    config = operator_config(str(engine_python), cluster.prometheus_url)
+    # A timer far beyond every wait below: the operator must act on the watch events of its
+    # Deployments and of pods whose launcher exited, not on its periodic reconcile.
+    config = operator_config(str(engine_python), cluster.prometheus_url, interval=600)
     running = OperatorProcess(
         cluster.kubeconfig, config, tmp_path_factory.mktemp("operator"), (namespace,)
     )

@@ -17,6 +17,7 @@ from specdeploy.plan.pair_check import (
     hold_refused_revisions,
     judge_pair,
     read_launcher_exits,
+    shows_launcher_exit,
 )
 from specdeploy.plan.rollout import RevisionDeployment, plan_rollout
 from specdeploy.plan.status import ConditionUpdate, ObservedRollout, build_status
@@ -234,3 +235,21 @@ def test_a_failed_mark_alone_does_not_stop_the_desired_revision() -> None:
         }
     )
     assert judge_pair("b", False, True, [], status).refused == frozenset()
+
+
+def test_a_pod_shows_a_launcher_exit_only_for_exit_3_or_4_of_its_engine() -> None:
+    def pod(name: str, code: int) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "p", "labels": {"specdeploy.dev/revision": "abc"}},
+            "status": {
+                "containerStatuses": [
+                    {"name": name, "lastState": {"terminated": {"exitCode": code}}}
+                ]
+            },
+        }
+
+    assert shows_launcher_exit(pod("engine", 3))
+    assert shows_launcher_exit(pod("engine", 4))
+    assert not shows_launcher_exit(pod("engine", 137))
+    assert not shows_launcher_exit(pod("sidecar", 3))
+    assert not shows_launcher_exit({"metadata": {"name": "p"}, "status": {}})

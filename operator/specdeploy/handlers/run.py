@@ -25,6 +25,7 @@ from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import PLURAL
 from specdeploy.handlers.reconcile import Reconciler
+from specdeploy.plan.pair_check import shows_launcher_exit
 
 FINALIZER = "specdeploy.dev/finalizer"
 ANNOTATION_PREFIX = "specdeploy.dev"
@@ -128,6 +129,26 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
             reconciler.reconcile(namespace or "", labels.get("specdeploy.dev/name", ""))
         except ApiException as error:
             log.warning("reconcile after a child change failed: %s", error)
+
+    @kopf.on.event(
+        "",
+        "v1",
+        "pods",
+        labels={labels.NAME: kopf.PRESENT, labels.REVISION: kopf.PRESENT},
+        when=lambda body, **_: shows_launcher_exit(body),
+        registry=registry,
+    )
+    def on_launcher_exit(
+        namespace: str | None, labels: Mapping[str, str], type: str | None, **_: Any
+    ) -> None:
+        # The launcher refused its pair (or found no model): its Deployment may not change at
+        # all, since the pod never became ready, so decide now rather than at the next timer.
+        if type is None:
+            return  # the initial listing; resume handlers cover it
+        try:
+            reconciler.reconcile(namespace or "", labels.get("specdeploy.dev/name", ""))
+        except ApiException as error:
+            log.warning("reconcile after a launcher exit failed: %s", error)
 
     @kopf.on.delete(*resource, registry=registry)
     def on_delete(namespace: str | None, name: str | None, **_: Any) -> None:

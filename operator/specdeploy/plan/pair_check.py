@@ -62,6 +62,11 @@ def _terminations(status: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
             yield terminated
 
 
+def shows_launcher_exit(pod: Mapping[str, Any]) -> bool:
+    """Whether this pod's engine container ended with the launcher's exit 3 or 4."""
+    return bool(read_launcher_exits([pod]))
+
+
 def read_launcher_exits(pods: Sequence[Mapping[str, Any]]) -> dict[str, LauncherExit]:
     """The launcher's refusals (exit 3) and missing models (exit 4) per revision, from pods.
 
