@@ -95,6 +95,13 @@ demo: venv tools system-deps engine-venv ## Local cluster + operator + CPU vLLM:
 bench-engine: venv engine-venv ## CPU engine tokens/s and latency with and without speculation
 	$(PY) hack/bench-engine.py
 
+.PHONY: bench-plan
+bench-plan: venv ## Cost of one reconcile's pure decisions per example (no cluster)
+	$(PY) hack/bench-plan.py
+
+.PHONY: bench
+bench: bench-plan bench-engine ## Every benchmark; results in bench/results/
+
 .PHONY: test
 test: lint unit e2e ## Everything: lint, unit and end-to-end
 
