@@ -112,6 +112,17 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
     def periodically(namespace: str | None, name: str | None, **_: Any) -> None:
         reconcile_now(namespace, name)
 
+    def reconcile_owner(
+        namespace: str | None, child_labels: Mapping[str, str], event: str | None, what: str
+    ) -> None:
+        """Reconciles the SD named by a child's labels after a watch event about the child."""
+        if event is None:
+            return  # the initial listing; resume handlers cover it
+        try:
+            reconciler.reconcile(namespace or "", child_labels.get(labels.NAME, ""))
+        except ApiException as error:
+            log.warning("reconcile after %s failed: %s", what, error)
+
     @kopf.on.event(
         "apps",
         "v1",
@@ -123,12 +134,7 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         namespace: str | None, labels: Mapping[str, str], type: str | None, **_: Any
     ) -> None:
         # A revision Deployment changed (pods became ready, scaled, deleted): re-decide.
-        if type is None:
-            return  # the initial listing; resume handlers cover it
-        try:
-            reconciler.reconcile(namespace or "", labels.get("specdeploy.dev/name", ""))
-        except ApiException as error:
-            log.warning("reconcile after a child change failed: %s", error)
+        reconcile_owner(namespace, labels, type, "a child change")
 
     @kopf.on.event(
         "",
@@ -143,12 +149,7 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
     ) -> None:
         # The launcher refused its pair (or found no model): its Deployment may not change at
         # all, since the pod never became ready, so decide now rather than at the next timer.
-        if type is None:
-            return  # the initial listing; resume handlers cover it
-        try:
-            reconciler.reconcile(namespace or "", labels.get("specdeploy.dev/name", ""))
-        except ApiException as error:
-            log.warning("reconcile after a launcher exit failed: %s", error)
+        reconcile_owner(namespace, labels, type, "a launcher exit")
 
     @kopf.on.delete(*resource, registry=registry)
     def on_delete(namespace: str | None, name: str | None, **_: Any) -> None:
