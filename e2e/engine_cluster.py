@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -104,6 +105,10 @@ def tiny_sd(
     }
 
 
+# How the operator logs each non-GET request it sends (adapters/kube.py).
+WRITE_LINE = re.compile(r"api write: (\S+) (\S+)")
+
+
 def operator_config(engine_python: str, prometheus_url: str, interval: float = 2) -> dict[str, Any]:
     """The operator config for local-process engines: the engine venv runs the launcher."""
     return {
@@ -125,12 +130,15 @@ class OperatorProcess:
     workdir: Path
     namespaces: tuple[str, ...]
     process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
 
     @property
     def log_path(self) -> Path:
         return self.workdir / "operator.log"
 
     def start(self) -> None:
+        """Starts it (again, after `stop`); each start is marked in the log."""
+        self.starts += 1
         self.workdir.mkdir(parents=True, exist_ok=True)
         config_path = self.workdir / "operator.yaml"
         config_path.write_text(yaml.safe_dump(dict(self.config)))
@@ -145,6 +153,8 @@ class OperatorProcess:
         for namespace in self.namespaces:
             command += ["--namespace", namespace]
         with self.log_path.open("ab") as log:
+            log.write(f"\n=== start {self.starts} ===\n".encode())
+            log.flush()
             self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
@@ -158,10 +168,17 @@ class OperatorProcess:
             self.process.wait()
         self.process = None
 
-    def log_tail(self, chars: int = 20000) -> str:
+    def log_text(self) -> str:
         if not self.log_path.exists():
             return ""
-        return self.log_path.read_text(errors="replace")[-chars:]
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, chars: int = 20000) -> str:
+        return self.log_text()[-chars:]
+
+    def writes_since(self, offset: int) -> list[tuple[str, str]]:
+        """The (verb, object) of each `api write:` line logged after character `offset`."""
+        return WRITE_LINE.findall(self.log_text()[offset:])
 
 
 def apply_crds(kubectl: Kubectl) -> None:

@@ -8,11 +8,7 @@ a real engine; the real-engine path is covered by the engine suite.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from engine_cluster import OperatorProcess, apply_crds
 from testbed import ClusterEnv, Kubectl, eventually
 
 pytestmark = pytest.mark.e2e
@@ -32,72 +29,16 @@ NAME_LABEL = "specdeploy.dev/name"
 REVISION_LABEL = "specdeploy.dev/revision"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 H100 = "NVIDIA-H100-80GB-HBM3"
-WRITE_LINE = re.compile(r"api write: (\S+) (\S+)")
 
 
 # --- the operator as a subprocess -------------------------------------------------------------
-
-
-@dataclass
-class OperatorProcess:
-    """A running `specdeploy operator run`, restartable, with its log."""
-
-    kubeconfig: str
-    namespace: str
-    config_path: Path
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
-        log = self.log_path.open("ab")
-        log.write(f"\n=== start {self.starts} ===\n".encode())
-        log.flush()
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "specdeploy.cli",
-                "operator",
-                "run",
-                "--config",
-                str(self.config_path),
-                "--namespace",
-                self.namespace,
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.process = None
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def writes_since(self, offset: int) -> list[str]:
-        """`api write:` lines logged after byte `offset` of the log."""
-        return WRITE_LINE.findall(self.log_text()[offset:])
 
 
 @pytest.fixture(scope="module")
 def sd_crd(kubectl: Kubectl) -> None:
     """The SpeculativeDeployment CRD from crds/, served and discoverable, and the examples'
     Kueue WorkloadPriorityClasses (high, low)."""
-    for path in sorted((REPO_ROOT / "crds").glob("*.yaml")):
-        kubectl.apply(path.read_text())
+    apply_crds(kubectl)
     queues = yaml.safe_load_all((REPO_ROOT / "examples" / "kueue" / "queues.yaml").read_text())
     kubectl.apply([d for d in queues if d and d.get("kind") == "WorkloadPriorityClass"])
     # Served once established; kubectl caches discovery, and listing the group refreshes it.
@@ -174,9 +115,7 @@ def operator(
         "localProcess": False,
         "prometheusUrl": cluster.prometheus_url or "http://127.0.0.1:9090",
     }
-    config_path = tmp_path / "operator.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    running = OperatorProcess(cluster.kubeconfig, namespace, config_path, tmp_path / "operator.log")
+    running = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
     running.start()
     try:
         yield running
@@ -187,7 +126,7 @@ def operator(
             "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
         )
         running.stop()
-        print(f"--- operator log ({running.log_path}) ---\n{running.log_text()[-20000:]}")
+        print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
 
 
 # --- SpeculativeDeployments used here ----------------------------------------------------------
