@@ -4,8 +4,6 @@ is scraped by Prometheus under the pod's labels, reports its exit, and stops whe
 from __future__ import annotations
 
 import json
-import textwrap
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -15,8 +13,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from testbed import ClusterEnv
+from testbed import ClusterEnv, eventually
 from testbed.process_children import read_identity
+from testbed.sample_server import SAMPLE_SERVER as SERVER
 
 pytestmark = pytest.mark.e2e
 
@@ -25,26 +24,6 @@ T = TypeVar("T")
 REVISION = "e2e0000001"
 LOCAL_PROCESS = {"specdeploy.dev/local-process": "true"}
 
-# A tiny server: /health for the readiness probe, /metrics with a counter. It binds to the
-# address given on its command line, `$(SPECDEPLOY_HOST) $(SPECDEPLOY_PORT)` in the pod spec.
-SERVER = textwrap.dedent(
-    """
-    import http.server, sys
-    hits = 0
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            global hits
-            hits += 1
-            pages = {"/health": b"ok\\n", "/metrics": b"demo_requests_total %d\\n" % hits}
-            body = pages.get(self.path)
-            self.send_response(200 if body else 404)
-            self.end_headers()
-            self.wfile.write(body or b"")
-        def log_message(self, *args):
-            pass
-    http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), Handler).serve_forever()
-    """
-)
 
 REFUSE = (
     "import os, sys; "
@@ -54,18 +33,8 @@ REFUSE = (
 
 
 def wait_for(what: str, check: Callable[[], T | None], seconds: float = 90.0) -> T:
-    """Poll `check` until it returns something truthy; fail naming `what` after `seconds`."""
-    deadline = time.monotonic() + seconds
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except (ApiException, OSError) as error:
-            last_error, result = error, None
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what} ({last_error})")
+    """Poll `check` until it returns something truthy, API and socket errors meaning "not yet"."""
+    return eventually(check, seconds, what, retry_on=(ApiException, OSError))
 
 
 @pytest.fixture

@@ -20,26 +20,7 @@ import pytest
 
 from testbed.process_children import PidLedger, read_identity, spawn_child
 from testbed.process_kubelet import PodGoneError, ProcessKubelet, ScrapeTargetFiles
-
-SERVER = textwrap.dedent(
-    """
-    import http.server, os
-    hits = 0
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            global hits
-            hits += 1
-            pages = {"/health": b"ok\\n", "/metrics": b"demo_requests_total %d\\n" % hits}
-            body = pages.get(self.path)
-            self.send_response(200 if body else 404)
-            self.end_headers()
-            self.wfile.write(body or b"")
-        def log_message(self, *args):
-            pass
-    host, port = os.environ["SPECDEPLOY_HOST"], int(os.environ["SPECDEPLOY_PORT"])
-    http.server.HTTPServer((host, port), Handler).serve_forever()
-    """
-)
+from testbed.sample_server import SAMPLE_SERVER as SERVER
 
 
 class FakePodApi:
@@ -140,6 +121,7 @@ def test_server_pod_gets_ready_registered_and_stopped_on_delete(
         "name": "web",
         "image": "none",
         "command": [sys.executable, "-c", SERVER],
+        "args": ["$(SPECDEPLOY_HOST)", "$(SPECDEPLOY_PORT)"],
         "ports": [{"name": "http", "containerPort": 8000}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
     }
