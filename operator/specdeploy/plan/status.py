@@ -45,40 +45,23 @@ def set_condition(
 
     lastTransitionTime moves to `now` only when the status differs from the existing one.
     """
-    result: list[Condition] = []
-    found = False
-    for existing in conditions:
-        if existing.type != update.type:
-            result.append(existing)
-            continue
-        found = True
-        transition = (
-            existing.last_transition_time
-            if existing.status == update.status and existing.last_transition_time
-            else now
-        )
-        result.append(
-            Condition(
-                type=update.type,
-                status=update.status,
-                reason=update.reason,
-                message=update.message,
-                observed_generation=generation,
-                last_transition_time=transition,
-            )
-        )
-    if not found:
-        result.append(
-            Condition(
-                type=update.type,
-                status=update.status,
-                reason=update.reason,
-                message=update.message,
-                observed_generation=generation,
-                last_transition_time=now,
-            )
-        )
-    return result
+    existing = next((c for c in conditions if c.type == update.type), None)
+    kept_time = (
+        existing.last_transition_time
+        if existing is not None and existing.status == update.status
+        else None
+    )
+    condition = Condition(
+        type=update.type,
+        status=update.status,
+        reason=update.reason,
+        message=update.message,
+        observed_generation=generation,
+        last_transition_time=kept_time or now,
+    )
+    if existing is None:
+        return [*conditions, condition]
+    return [condition if c.type == update.type else c for c in conditions]
 
 
 def set_conditions(
