@@ -236,17 +236,22 @@ def build_revision_deployment(
     }
 
 
+def sd_wide_metadata(sd: SpeculativeDeployment) -> dict[str, Any]:
+    """Metadata of a child that serves the whole SD (not one revision): named after the SD."""
+    return {
+        "name": sd.metadata.name,
+        "namespace": sd.metadata.namespace,
+        "labels": common_labels(sd),
+        "ownerReferences": [owner_reference(sd)],
+    }
+
+
 def build_service(sd: SpeculativeDeployment) -> dict[str, Any]:
     """The Service `<sd>` in front of the ready pods of every revision."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": sd.metadata.name,
-            "namespace": sd.metadata.namespace,
-            "labels": common_labels(sd),
-            "ownerReferences": [owner_reference(sd)],
-        },
+        "metadata": sd_wide_metadata(sd),
         "spec": {
             "selector": {labels.NAME: sd.metadata.name},
             "ports": [
@@ -266,12 +271,7 @@ def build_pod_monitor(sd: SpeculativeDeployment) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": {
-            "name": sd.metadata.name,
-            "namespace": sd.metadata.namespace,
-            "labels": common_labels(sd),
-            "ownerReferences": [owner_reference(sd)],
-        },
+        "metadata": sd_wide_metadata(sd),
         "spec": {
             "selector": {"matchLabels": {labels.NAME: sd.metadata.name}},
             "podMetricsEndpoints": [{"port": PORT_NAME, "path": "/metrics"}],
