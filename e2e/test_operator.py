@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from engine_cluster import OperatorProcess, apply_crds
+from sd_bodies import H100, llama_8b
 from testbed import ClusterEnv, Kubectl, eventually
 
 pytestmark = pytest.mark.e2e
@@ -28,7 +29,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 NAME_LABEL = "specdeploy.dev/name"
 REVISION_LABEL = "specdeploy.dev/revision"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
-H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 # --- the operator as a subprocess -------------------------------------------------------------
@@ -130,34 +130,6 @@ def operator(
 
 
 # --- SpeculativeDeployments used here ----------------------------------------------------------
-
-
-def llama_8b(
-    name: str, namespace: str, draft_revision: str = "eagle3-r1", **spec: Any
-) -> dict[str, Any]:
-    """Llama 3.1 8B with its EAGLE-3 head: sized onto a MIG 3g.40gb slice (docs/sizing.md)."""
-    body: dict[str, Any] = {
-        "apiVersion": "specdeploy.dev/v1alpha1",
-        "kind": "SpeculativeDeployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": 1,
-            "pair": {
-                "version": "3.1",
-                "target": {"model": "meta-llama/Llama-3.1-8B-Instruct", "revision": "main"},
-                "draft": {
-                    "method": "eagle3",
-                    "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
-                    "revision": draft_revision,
-                    "numSpeculativeTokens": 3,
-                },
-            },
-            "engine": {"maxModelLen": 8192, "maxNumSeqs": 8, "gpuMemoryUtilization": 0.92},
-            "placement": {"queue": "interactive", "speculation": "Auto"},
-        },
-    }
-    body["spec"].update(spec)
-    return body
 
 
 def llama_70b(name: str, namespace: str) -> dict[str, Any]:

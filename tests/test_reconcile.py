@@ -2,126 +2,18 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import threading
-from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-from specdeploy.adapters.kube import APPLIED_HASH_ANNOTATION, manifest_hash
+from fake_kube import FakeKube
 from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.reconcile import Reconciler
 
 H100 = "NVIDIA-H100-80GB-HBM3"
-
-
-class FakeKube:
-    """Holds objects by (kind, namespace, name); counts writes like the real adapter."""
-
-    def __init__(self, nodes: list[dict[str, Any]]) -> None:
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.nodes = nodes
-        self.write_requests = 0
-        self.generation = 0
-
-    # reads
-    def get_speculative_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        found = self.objects.get(("SpeculativeDeployment", namespace, name))
-        return copy.deepcopy(found)
-
-    def list_gpu_nodes(self) -> list[dict[str, Any]]:
-        return self.nodes
-
-    def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        key, _, value = selector.partition("=")
-        return [
-            copy.deepcopy(o)
-            for (kind, ns, _), o in sorted(self.objects.items())
-            if kind == "Deployment"
-            and ns == namespace
-            and o["metadata"]["labels"].get(key) == value
-        ]
-
-    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return []
-
-    def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
-        return []
-
-    def get_local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return {"spec": {"clusterQueue": "gpu"}}
-
-    def has_pod_monitor_crd(self) -> bool:
-        return True
-
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
-        return copy.deepcopy(self.objects.get((kind, namespace, name)))
-
-    # writes
-    def apply(self, manifest: Mapping[str, Any], live: Mapping[str, Any] | None) -> bool:
-        digest = manifest_hash(manifest)
-        if live is not None:
-            same = live["metadata"].get("annotations", {}).get(APPLIED_HASH_ANNOTATION) == digest
-            if same and live.get("spec", {}).get("replicas") == manifest.get("spec", {}).get(
-                "replicas"
-            ):
-                return False
-        self.write_requests += 1
-        body = copy.deepcopy(dict(manifest))
-        body["metadata"].setdefault("annotations", {})[APPLIED_HASH_ANNOTATION] = digest
-        key = (body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])
-        old = self.objects.get(key)
-        self.generation += 1
-        body["metadata"]["creationTimestamp"] = (
-            old["metadata"]["creationTimestamp"]
-            if old
-            else f"2026-01-01T00:00:{self.generation:02d}Z"
-        )
-        body["metadata"]["generation"] = (old["metadata"]["generation"] + 1) if old else 1
-        body["status"] = old.get("status", {}) if old else {}
-        self.objects[key] = body
-        return True
-
-    def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
-        self.write_requests += 1
-        deployment = self.objects[("Deployment", namespace, name)]
-        deployment["spec"]["replicas"] = replicas
-        deployment["metadata"]["generation"] += 1
-
-    def delete_deployment(self, namespace: str, name: str) -> None:
-        self.write_requests += 1
-        self.objects.pop(("Deployment", namespace, name), None)
-
-    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        self.write_requests += 1
-        sd = self.objects[("SpeculativeDeployment", namespace, name)]
-        status = sd.setdefault("status", {})
-        for key, value in patch.items():
-            if value is None:
-                status.pop(key, None)
-            else:
-                status[key] = copy.deepcopy(value)
-
-    # the cluster's own controllers
-    def make_ready(self) -> None:
-        for (kind, _, _), obj in self.objects.items():
-            if kind == "Deployment":
-                replicas = obj["spec"]["replicas"]
-                obj["status"] = {
-                    "replicas": replicas,
-                    "readyReplicas": replicas,
-                    "observedGeneration": obj["metadata"]["generation"],
-                }
-
-    def deployments(self) -> dict[str, int]:
-        return {
-            o["metadata"]["name"]: o["spec"]["replicas"]
-            for (kind, _, _), o in self.objects.items()
-            if kind == "Deployment"
-        }
 
 
 def sd_body(draft_revision: str = "r1", replicas: int = 1) -> dict[str, Any]:
@@ -184,7 +76,7 @@ def test_an_sd_becomes_a_ready_revision_with_service_and_monitor_and_then_goes_q
     assert name.startswith("chat-")
     deployment = kube.objects[("Deployment", "ns", name)]
     limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {"nvidia.com/mig-3g.40gb": 1}
+    assert limits == {"nvidia.com/mig-3g.40gb": "1"}
     assert deployment["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "interactive"
     assert ("Service", "ns", "chat") in kube.objects
     assert ("PodMonitor", "ns", "chat") in kube.objects

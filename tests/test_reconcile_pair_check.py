@@ -4,22 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from fake_kube import FakeKube
 from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.reconcile import Reconciler
-from test_reconcile import NODES, FakeKube, sd_body
+from test_reconcile import NODES, sd_body
 
 LINE = "draft was trained for verifier other/target, but the target is meta-llama/x"
-
-
-class KubeWithPods(FakeKube):
-    """The in-memory API, plus pods a test puts there (the process kubelet's reports)."""
-
-    def __init__(self) -> None:
-        super().__init__(NODES)
-        self.pods: list[dict[str, Any]] = []
-
-    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return list(self.pods)
 
 
 def refused_pod(revision: str) -> dict[str, Any]:
@@ -42,7 +32,7 @@ def refused_pod(revision: str) -> dict[str, Any]:
 
 
 def test_a_refused_new_pair_is_stopped_while_the_stable_one_serves_then_goes_quiet() -> None:
-    kube = KubeWithPods()
+    kube = FakeKube(NODES)
     body = sd_body("r1")
     kube.objects[("SpeculativeDeployment", "ns", "chat")] = body
     events: list[tuple[str, str, str]] = []

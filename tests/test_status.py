@@ -58,6 +58,26 @@ def test_status_patch_is_empty_when_nothing_changed() -> None:
     assert status_patch(current, {"sizing": None}) == {}
 
 
+def test_status_patch_removes_what_the_desired_status_no_longer_holds() -> None:
+    current = {
+        "sizing": {"resourceName": "nvidia.com/mig-3g.40gb", "migProfile": "3g.40gb", "count": 1},
+        "conditions": [{"type": "Ready", "status": "True"}, {"type": "Old", "status": "True"}],
+        "acceptanceRate": 0.8,
+    }
+    desired = {
+        "sizing": {"resourceName": "nvidia.com/gpu", "count": 1},
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    patch = status_patch(current, desired)
+    # Nested keys the decision dropped are removed; lists are replaced whole; keys the desired
+    # status does not own (acceptanceRate) are left alone.
+    assert patch == {
+        "sizing": {"resourceName": "nvidia.com/gpu", "migProfile": None},
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    assert status_patch({**current, **desired}, desired) == {}
+
+
 def _observed(
     desired: str | None, stable: str | None, ready: bool, admitted: ConditionStatus = "True"
 ) -> ObservedRollout:

@@ -1,13 +1,13 @@
 """The operator's only door to the Kubernetes API: reads, server-side apply, scale, delete.
 
 Every write goes through `KubeAdapter`, which counts the non-GET requests it sends and logs each
-one (`api write: PATCH /apis/...`), so a steady cluster can be shown to receive none. Applies are
-skipped when the live object already carries the hash of the same desired manifest.
+one (`api write: PATCH /apis/...`), so a steady cluster can be shown to receive none. Whether a
+write is needed is decided in plan/ (plan.drift), never here.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import logging
 import threading
@@ -15,26 +15,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+from kubernetes.dynamic.exceptions import ConflictError, NotFoundError, ResourceNotFoundError
 
 from specdeploy import GROUP, VERSION
 from specdeploy.api.models import PLURAL
 
 FIELD_MANAGER = "specdeploy"
-APPLIED_HASH_ANNOTATION = "specdeploy.dev/applied-hash"
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 KUEUE_GROUP = "kueue.x-k8s.io"
 POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
 
 log = logging.getLogger("specdeploy.kube")
-
-
-def manifest_hash(manifest: Mapping[str, Any]) -> str:
-    """A stable hash of a desired manifest, stored on the object to skip no-op applies."""
-    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 class KubeAdapter:
@@ -147,20 +139,10 @@ class KubeAdapter:
 
     # --- writes ------------------------------------------------------------------------------
 
-    def apply(self, manifest: Mapping[str, Any], live: Mapping[str, Any] | None) -> bool:
-        """Server-side applies `manifest` as field manager `specdeploy`, unless `live` already
-        carries its hash (and, for a Deployment, its replicas). Returns whether it sent a write.
-        """
-        digest = manifest_hash(manifest)
-        if live is not None:
-            annotations = (live.get("metadata") or {}).get("annotations") or {}
-            same_replicas = (live.get("spec") or {}).get("replicas") == (
-                manifest.get("spec") or {}
-            ).get("replicas")
-            if annotations.get(APPLIED_HASH_ANNOTATION) == digest and same_replicas:
-                return False
+    def apply(self, manifest: Mapping[str, Any]) -> None:
+        """Server-side applies `manifest` as field manager `specdeploy`, taking over any field
+        another manager changed (plan.drift decides whether a write is needed at all)."""
         body = json.loads(json.dumps(manifest))
-        body["metadata"].setdefault("annotations", {})[APPLIED_HASH_ANNOTATION] = digest
         resource = self._resource(body["apiVersion"], body["kind"])
         resource.server_side_apply(
             body=body,
@@ -169,11 +151,29 @@ class KubeAdapter:
             field_manager=FIELD_MANAGER,
             force_conflicts=True,
         )
+
+    def create(self, manifest: Mapping[str, Any]) -> bool:
+        """Creates `manifest`; False when an object of that name is already there (409)."""
+        resource = self._resource(manifest["apiVersion"], manifest["kind"])
+        try:
+            resource.create(
+                body=dict(manifest),
+                namespace=manifest["metadata"].get("namespace"),
+                field_manager=FIELD_MANAGER,
+            )
+        except ConflictError:
+            return False
         return True
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
         """One object as a dict, or None."""
         return self._get(api_version, kind, name, namespace)
+
+    def list_objects(
+        self, api_version: str, kind: str, namespace: str, selector: str
+    ) -> list[dict[str, Any]]:
+        """Objects of one kind in a namespace matching a label selector."""
+        return self._list(api_version, kind, namespace, selector)
 
     def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
         """Sets a Deployment's replicas through its scale subresource."""
@@ -181,18 +181,16 @@ class KubeAdapter:
             name, namespace, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER
         )
 
-    def delete_deployment(self, namespace: str, name: str) -> None:
-        """Deletes a Deployment and, in the background, its pods; gone already is fine."""
-        try:
-            client.AppsV1Api(self.api_client).delete_namespaced_deployment(
-                name, namespace, propagation_policy="Background"
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        """Deletes an object (dependents in the background); gone already is fine."""
+        with contextlib.suppress(NotFoundError):
+            self._resource(api_version, kind).delete(
+                name=name, namespace=namespace, propagation_policy="Background"
             )
-        except ApiException as error:
-            if error.status != 404:
-                raise
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        """Merge-patches the SpeculativeDeployment's status subresource."""
+        """Merge-patches (RFC 7386) the SpeculativeDeployment's status subresource: a None
+        value removes its key."""
         client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": dict(patch)}
         )

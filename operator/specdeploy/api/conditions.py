@@ -60,6 +60,8 @@ class Reason:
     SPECULATION_DISABLED_BATCH_QUEUE: Final = "BatchQueue"
     SPECULATION_DISABLED_COLLAPSE: Final = "DisabledAfterCollapse"
     NO_DRAFT: Final = "NoDraft"
+    # Children changed out of band and set back
+    DRIFT_REVERTED: Final = "DriftReverted"
     # Generic
     RECONCILE_ERROR: Final = "ReconcileError"
     INVALID_SPEC: Final = "InvalidSpec"

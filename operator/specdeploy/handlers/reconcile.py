@@ -2,7 +2,8 @@
 
 Reads the SD, its child Deployments and pods, the GPU nodes and Kueue's Workloads; decides the
 served spec, the sizing, the revision and the replicas of every revision with plan/; applies the
-children by server-side apply (skipped when unchanged); writes status only when it changed;
+children by server-side apply when they do not hold their desired fields (repairing changes
+made out of band, with an Event); writes status only when it changed;
 posts an Event for every decision that changed something.
 """
 
@@ -22,17 +23,24 @@ from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import ModelShape, SizingDecision, SpeculativeDeployment
 from specdeploy.plan.children import (
+    RECORD_API_VERSION,
+    RECORD_KIND,
     build_pod_monitor,
     build_revision_deployment,
+    build_revision_record,
     build_service,
+    deployment_from_record,
     pod_selector,
 )
+from specdeploy.plan.drift import decide_apply, drift_event, with_applied_hash
 from specdeploy.plan.gpu_catalog import catalog_for_config, read_gpu_inventories
 from specdeploy.plan.pair_check import apply_pair_verdict, hold_refused_revisions, judge_pair
 from specdeploy.plan.placement import judge_admission
 from specdeploy.plan.revision import revision_hash
 from specdeploy.plan.rollout import (
     RevisionDeployment,
+    RolloutEvent,
+    RolloutPlan,
     plan_rollout,
     read_revision_deployment,
 )
@@ -151,31 +159,14 @@ class Reconciler:
         pair = judge_pair(desired_revision, plan.desired_ready, has_draft, pods, sd.status)
         plan = hold_refused_revisions(plan, pair)
 
-        # Children: the desired revision by apply, the others by scale; then Service, monitor.
-        by_revision = {r.revision: r for r in revisions}
-        live_by_name = {d["metadata"]["name"]: d for d in live_deployments}
-        if desired_revision is not None and sizing is not None:
-            manifest = build_revision_deployment(
-                served,
-                desired_revision,
-                sizing,
-                self.config,
-                replicas=plan.replicas[desired_revision],
-            )
-            self.kube.apply(manifest, live_by_name.get(manifest["metadata"]["name"]))
-        for revision, replicas in plan.replicas.items():
-            current = by_revision.get(revision)
-            if revision != desired_revision and current and current.replicas != replicas:
-                self.kube.scale_deployment(namespace, current.name, replicas)
-        for deployment_name in plan.delete:
-            self.kube.delete_deployment(namespace, deployment_name)
-        service = build_service(served)
-        self.kube.apply(service, self.kube.get("v1", "Service", namespace, name))
-        if self.kube.has_pod_monitor_crd():
-            monitor = build_pod_monitor(served)
-            live_monitor = self.kube.get("monitoring.coreos.com/v1", "PodMonitor", namespace, name)
-            self.kube.apply(monitor, live_monitor)
-
+        children = self._converge_children(
+            served,
+            desired_revision=desired_revision,
+            sizing=sizing,
+            plan=plan,
+            revisions=revisions,
+            live_deployments=live_deployments,
+        )
         queue = sd.spec.placement.queue
         admission = judge_admission(
             queue,
@@ -208,7 +199,7 @@ class Reconciler:
         if patch:
             self.kube.patch_status(namespace, name, patch)
 
-        for event in (*plan.events, *pair.events):
+        for event in (*plan.events, *pair.events, *children):
             self.post_event(
                 body, "Warning" if event.warning else "Normal", event.reason, event.message
             )
@@ -220,6 +211,88 @@ class Reconciler:
             )
         if isinstance(sizing_result, ShapeUnknown):
             log.warning("%s/%s: %s", namespace, name, sizing_result.message)
+
+    def _converge_children(
+        self,
+        served: SpeculativeDeployment,
+        *,
+        desired_revision: str | None,
+        sizing: SizingDecision | None,
+        plan: RolloutPlan,
+        revisions: list[RevisionDeployment],
+        live_deployments: list[dict[str, Any]],
+    ) -> list[RolloutEvent]:
+        """Records each revision, applies every child that does not hold its desired fields,
+        deletes pruned revisions; returns the Events for changes it reverted."""
+        namespace = served.metadata.namespace or ""
+        name = served.metadata.name
+        selector = f"{labels.NAME}={name}"
+        records = {
+            (r["metadata"].get("labels") or {}).get(labels.REVISION): r
+            for r in self.kube.list_objects(RECORD_API_VERSION, RECORD_KIND, namespace, selector)
+            if _owned_by(r, served.metadata.uid)
+        }
+        live: dict[tuple[str, str], Mapping[str, Any] | None] = {
+            ("Deployment", d["metadata"]["name"]): d for d in live_deployments
+        }
+        wanted: list[dict[str, Any]] = []
+        if desired_revision is not None and sizing is not None:
+            manifest = build_revision_deployment(
+                served,
+                desired_revision,
+                sizing,
+                self.config,
+                replicas=plan.replicas[desired_revision],
+            )
+            records[desired_revision] = self._record(manifest, records)
+            wanted.append(manifest)
+        by_revision = {r.revision: r for r in revisions}
+        for revision, replicas in plan.replicas.items():
+            if revision == desired_revision:
+                continue
+            if revision in records:
+                wanted.append(deployment_from_record(records[revision], replicas))
+            elif (current := by_revision.get(revision)) and current.replicas != replicas:
+                # A revision made before revisions were recorded: only its size is known.
+                self.kube.scale_deployment(namespace, current.name, replicas)
+        wanted.append(build_service(served))
+        live[("Service", name)] = self.kube.get("v1", "Service", namespace, name)
+        if self.kube.has_pod_monitor_crd():
+            wanted.append(build_pod_monitor(served))
+            live[("PodMonitor", name)] = self.kube.get(
+                "monitoring.coreos.com/v1", "PodMonitor", namespace, name
+            )
+
+        events: list[RolloutEvent] = []
+        for manifest in wanted:
+            body = with_applied_hash(manifest)
+            key = (body["kind"], body["metadata"]["name"])
+            decision = decide_apply(body, live.get(key))
+            if decision.write:
+                self.kube.apply(body)
+            if decision.reverted:
+                events.append(drift_event(key[0], key[1], decision.reverted))
+        for deployment_name in plan.delete:
+            self.kube.delete("apps/v1", "Deployment", namespace, deployment_name)
+            self.kube.delete(RECORD_API_VERSION, RECORD_KIND, namespace, deployment_name)
+        return events
+
+    def _record(
+        self, manifest: dict[str, Any], records: Mapping[str | None, dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The revision record of the desired revision's Deployment, created when missing and
+        replaced when its content changed (the operator's own template changed)."""
+        revision = manifest["metadata"]["labels"][labels.REVISION]
+        sequences = [int(r.get("revision") or 0) for r in records.values()]
+        record = build_revision_record(manifest, max(sequences, default=0) + 1)
+        current = records.get(revision)
+        if current is not None and current.get("data") == record["data"]:
+            return current
+        namespace = manifest["metadata"]["namespace"]
+        if current is not None:
+            self.kube.delete(RECORD_API_VERSION, RECORD_KIND, namespace, record["metadata"]["name"])
+        self.kube.create(record)
+        return record
 
     def revisions_of(self, namespace: str, name: str) -> list[RevisionDeployment]:
         """The revision Deployments of one SD (for the delete handler and diagnostics)."""

@@ -1,9 +1,11 @@
 """`specdeploy operator run`: the kopf wiring around `Reconciler`.
 
 Handlers only route: create, update, resume, a periodic timer and changes of child Deployments
-all call the same level-based reconcile. kopf's finalizer and progress annotations live under
-`specdeploy.dev`. The config comes from a file (`--config PATH`) or a ConfigMap
-(`--config configmap:<namespace>/<name>`, key `config.yaml`).
+all call the same level-based reconcile; so do watch events of every child (revision
+Deployments and their records, the Service, the PodMonitor), which is how a change made to a
+child out of band is set back at once rather than at the next timer. kopf's finalizer and
+progress annotations live under `specdeploy.dev`. The config comes from a file
+(`--config PATH`) or a ConfigMap (`--config configmap:<namespace>/<name>`, key `config.yaml`).
 """
 
 from __future__ import annotations
@@ -123,17 +125,22 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         except ApiException as error:
             log.warning("reconcile after %s failed: %s", what, error)
 
+    owned_children: Mapping[str, Any] = {
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+        labels.NAME: kopf.PRESENT,
+    }
+
+    # A child changed (pods became ready, scaled, edited or deleted by someone): re-decide, so
+    # a change made out of band is set back by the reconcile its own watch event starts.
+    @kopf.on.event("apps", "v1", "deployments", labels=owned_children, registry=registry)
+    @kopf.on.event("apps", "v1", "controllerrevisions", labels=owned_children, registry=registry)
+    @kopf.on.event("", "v1", "services", labels=owned_children, registry=registry)
     @kopf.on.event(
-        "apps",
-        "v1",
-        "deployments",
-        labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.NAME: kopf.PRESENT},
-        registry=registry,
+        "monitoring.coreos.com", "v1", "podmonitors", labels=owned_children, registry=registry
     )
     def on_child(
         namespace: str | None, labels: Mapping[str, str], type: str | None, **_: Any
     ) -> None:
-        # A revision Deployment changed (pods became ready, scaled, deleted): re-decide.
         reconcile_owner(namespace, labels, type, "a child change")
 
     @kopf.on.event(
@@ -157,7 +164,7 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         # revision Deployments here makes the cleanup immediate and independent of it.
         if namespace and name:
             for revision in reconciler.revisions_of(namespace, name):
-                reconciler.kube.delete_deployment(namespace, revision.name)
+                reconciler.kube.delete("apps/v1", "Deployment", namespace, revision.name)
 
     return registry
 

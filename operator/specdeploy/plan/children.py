@@ -278,3 +278,41 @@ def build_pod_monitor(sd: SpeculativeDeployment) -> dict[str, Any]:
             "podTargetLabels": [labels.NAME, labels.REVISION],
         },
     }
+
+
+RECORD_API_VERSION = "apps/v1"
+RECORD_KIND = "ControllerRevision"
+
+
+def build_revision_record(deployment: dict[str, Any], sequence: int) -> dict[str, Any]:
+    """The ControllerRevision that records one revision's Deployment, as StatefulSets record
+    their pod templates: its `data` is immutable, so an older revision's Deployment can be
+    rebuilt exactly (to repair it, or to scale it back up) after the spec has moved on.
+
+    `deployment` is the revision's manifest from build_revision_deployment; its replicas are
+    left out (they change; the pods they make never do).
+    """
+    metadata = deployment["metadata"]
+    data = {**deployment, "spec": {k: v for k, v in deployment["spec"].items() if k != "replicas"}}
+    return {
+        "apiVersion": RECORD_API_VERSION,
+        "kind": RECORD_KIND,
+        "metadata": {
+            "name": metadata["name"],
+            "namespace": metadata["namespace"],
+            "labels": {
+                labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+                labels.NAME: metadata["labels"][labels.NAME],
+                labels.REVISION: metadata["labels"][labels.REVISION],
+            },
+            "ownerReferences": metadata["ownerReferences"],
+        },
+        "data": data,
+        "revision": sequence,
+    }
+
+
+def deployment_from_record(record: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """The Deployment a revision record describes, with `replicas` pods."""
+    data: dict[str, Any] = record["data"]
+    return {**data, "spec": {**data["spec"], "replicas": replicas}}

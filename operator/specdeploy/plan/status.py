@@ -83,13 +83,34 @@ def find_condition(conditions: Sequence[Condition], type_: str) -> Condition | N
 
 
 def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
-    """The merge patch that turns the keys of `desired` in `current` into their desired values.
+    """The JSON merge patch (RFC 7386) that makes the keys of `desired` exactly so in `current`.
 
-    Empty when nothing changed, so a steady reconcile writes nothing. A None value removes the
-    key; keys `desired` does not mention (other writers' fields, kopf's own) are left alone.
+    Empty when nothing differs, so a steady reconcile writes nothing. Inside those keys,
+    anything `current` holds that `desired` does not is removed (a None in the patch), so no
+    stale field outlives the decision that wrote it; lists are replaced whole. Keys `desired`
+    does not mention (other writers' fields) are left alone; a None value in `desired` removes
+    its key.
     """
-    current = dict(current or {})
-    return {key: value for key, value in desired.items() if current.get(key) != value}
+    return merge_patch(dict(current or {}), desired, prune=False)
+
+
+def merge_patch(
+    current: Mapping[str, Any], desired: Mapping[str, Any], prune: bool
+) -> dict[str, Any]:
+    """The RFC 7386 patch from `current` to `desired`; with `prune`, keys only `current` has
+    are removed too."""
+    patch: dict[str, Any] = {}
+    for key, value in desired.items():
+        before = current.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            inner = merge_patch(before, value, prune=True)
+            if inner:
+                patch[key] = inner
+        elif before != value:
+            patch[key] = value
+    if prune:
+        patch.update({key: None for key in current if key not in desired})
+    return patch
 
 
 @dataclass(frozen=True)

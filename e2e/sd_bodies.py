@@ -1,0 +1,39 @@
+"""SpeculativeDeployments of real model pairs, as the e2e suites and the contract test use them.
+
+On the test bed their pods are KWOK-run (no engine runs); the sizing is real, from the shipped
+model catalog and the KWOK nodes' GPUs (docs/sizing.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def llama_8b(
+    name: str, namespace: str, draft_revision: str = "eagle3-r1", **spec: Any
+) -> dict[str, Any]:
+    """Llama 3.1 8B with its EAGLE-3 head: sized onto a MIG 3g.40gb slice (docs/sizing.md)."""
+    body: dict[str, Any] = {
+        "apiVersion": "specdeploy.dev/v1alpha1",
+        "kind": "SpeculativeDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "pair": {
+                "version": "3.1",
+                "target": {"model": "meta-llama/Llama-3.1-8B-Instruct", "revision": "main"},
+                "draft": {
+                    "method": "eagle3",
+                    "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+                    "revision": draft_revision,
+                    "numSpeculativeTokens": 3,
+                },
+            },
+            "engine": {"maxModelLen": 8192, "maxNumSeqs": 8, "gpuMemoryUtilization": 0.92},
+            "placement": {"queue": "interactive", "speculation": "Auto"},
+        },
+    }
+    body["spec"].update(spec)
+    return body
