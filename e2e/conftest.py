@@ -18,9 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import config as kubernetes_config
 
-from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, down, up
+from engine_cluster import apply_crds
+from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, down, eventually, up
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 REQUIRED = os.environ.get("SPECDEPLOY_E2E_REQUIRED") == "1"
 _E2E_ITEMS = pytest.StashKey[int]()
@@ -137,3 +141,75 @@ def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[str]
         yield name
     finally:
         kubectl.run("delete", "namespace", name, "--wait=false", check=False)
+
+
+# --- CRDs the operator looks for -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def sd_crd(kubectl: Kubectl) -> None:
+    """The SpeculativeDeployment CRD from crds/, served and discoverable, and the examples'
+    Kueue WorkloadPriorityClasses (high, low)."""
+    apply_crds(kubectl)
+    queues = yaml.safe_load_all((REPO_ROOT / "examples" / "kueue" / "queues.yaml").read_text())
+    kubectl.apply([d for d in queues if d and d.get("kind") == "WorkloadPriorityClass"])
+    # Served once established; kubectl caches discovery, and listing the group refreshes it.
+    eventually(
+        lambda: (
+            "speculativedeployments"
+            in kubectl.run("api-resources", "--api-group=specdeploy.dev", check=False).stdout
+        ),
+        30,
+        "the SpeculativeDeployment kind in discovery",
+    )
+
+
+POD_MONITOR_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture
+def pod_monitor_crd(kubectl: Kubectl) -> Iterator[None]:
+    """A stand-in for the Prometheus Operator's PodMonitor CRD, for one test."""
+    kubectl.apply([POD_MONITOR_CRD])
+    eventually(
+        lambda: (
+            "podmonitors"
+            in kubectl.run("api-resources", "--api-group=monitoring.coreos.com", check=False).stdout
+        ),
+        30,
+        "the PodMonitor kind in discovery",
+    )
+    try:
+        yield
+    finally:
+        # Gone before the next test's operator looks for it.
+        kubectl.run(
+            "delete",
+            "crd",
+            POD_MONITOR_CRD["metadata"]["name"],
+            "--timeout=60s",
+            check=False,
+            timeout=70,
+        )

@@ -152,19 +152,26 @@ def _engine(deployment: Mapping[str, Any]) -> Mapping[str, Any]:
     return found
 
 
-# What a child looks like in the fields each change touches, to see it was set back.
-Probe = Callable[[Run, str, str], Any]
+# Reads one child by kind and name: (kind, name) -> the object.
+Reader = Callable[[str, str], Any]
+API_VERSIONS = {
+    "Deployment": "apps/v1",
+    "Service": "v1",
+    "PodMonitor": "monitoring.coreos.com/v1",
+}
+
+# What a child looks like in the fields each change touches, to see it was set back:
+# (read, serving deployment, retired deployment) -> value.
+Probe = Callable[[Reader, str, str], Any]
 PROBES: dict[str, Probe] = {
-    "image": lambda run, d, _: _engine(run.deployment(d))["image"],
-    "args": lambda run, d, _: list(_engine(run.deployment(d))["args"]),
-    "env": lambda run, d, _: {e["name"]: e.get("value") for e in _engine(run.deployment(d))["env"]},
-    "retired-replicas": lambda run, _, r: run.deployment(r)["spec"]["replicas"],
-    "service-selector": lambda run, _d, _r: run.backend.kube.get(
-        "v1", "Service", run.backend.namespace, NAME
-    )["spec"]["selector"],
-    "pod-monitor": lambda run, _d, _r: run.backend.kube.get(
-        "monitoring.coreos.com/v1", "PodMonitor", run.backend.namespace, NAME
-    )["spec"]["podMetricsEndpoints"],
+    "image": lambda read, d, _: _engine(read("Deployment", d))["image"],
+    "args": lambda read, d, _: list(_engine(read("Deployment", d))["args"]),
+    "env": lambda read, d, _: {
+        e["name"]: e.get("value") for e in _engine(read("Deployment", d))["env"]
+    },
+    "retired-replicas": lambda read, _, r: read("Deployment", r)["spec"]["replicas"],
+    "service-selector": lambda read, _d, _r: read("Service", NAME)["spec"]["selector"],
+    "pod-monitor": lambda read, _d, _r: read("PodMonitor", NAME)["spec"]["podMetricsEndpoints"],
 }
 
 
@@ -190,16 +197,19 @@ def drift_scenario(backend: Backend) -> list[tuple[Any, ...]]:
         )
     )
 
+    def read(kind: str, name: str) -> Any:
+        return backend.kube.get(API_VERSIONS[kind], kind, backend.namespace, name)
+
     for what in CHANGES:
         probe = PROBES[what]
-        before = probe(run, deployment, retired)
+        before = probe(read, deployment, retired)
         backend.change(what, deployment, retired)
-        changed = probe(run, deployment, retired) != before
+        changed = probe(read, deployment, retired) != before
         writes, events = run.reconcile()
         child_writes = sorted(w for w in writes if w[0] != "patch-status")
         reverted = [(t, r) for t, r, m in events if r == "DriftReverted"]
         seen.append(
-            (what, changed, child_writes, reverted, probe(run, deployment, retired) == before)
+            (what, changed, child_writes, reverted, probe(read, deployment, retired) == before)
         )
         run.converge()
         writes, _ = run.reconcile()

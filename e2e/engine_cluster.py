@@ -149,7 +149,7 @@ class OperatorProcess:
             "PYTHONPATH": os.pathsep.join([str(OPERATOR_SRC), os.environ.get("PYTHONPATH", "")]),
         }
         command = [sys.executable, "-m", "specdeploy.cli", "operator", "run"]
-        command += ["--config", str(config_path)]
+        command += ["--config", str(config_path), "--log-reconciles"]
         for namespace in self.namespaces:
             command += ["--namespace", namespace]
         with self.log_path.open("ab") as log:
@@ -179,6 +179,19 @@ class OperatorProcess:
     def writes_since(self, offset: int) -> list[tuple[str, str]]:
         """The (verb, object) of each `api write:` line logged after character `offset`."""
         return WRITE_LINE.findall(self.log_text()[offset:])
+
+    def reconciles_since(self, offset: int, namespace: str, name: str) -> int:
+        """How many reconciles of one SD finished after character `offset` of the log."""
+        return self.log_text()[offset:].count(f"reconciled {namespace}/{name} ")
+
+    def wait_for_reconciles(self, offset: int, namespace: str, name: str, count: int = 1) -> None:
+        """Waits until `count` reconciles of the SD finished after `offset`: the operator is
+        alive and has looked at the SD (a dead operator also writes nothing)."""
+        eventually(
+            lambda: self.reconciles_since(offset, namespace, name) >= count,
+            120,
+            f"{count} reconciles of {namespace}/{name} in the operator log",
+        )
 
 
 def apply_crds(kubectl: Kubectl) -> None:

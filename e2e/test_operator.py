@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from engine_cluster import OperatorProcess, apply_crds
+from engine_cluster import OperatorProcess
 from sd_bodies import H100, llama_8b
 from testbed import ClusterEnv, Kubectl, eventually
 
@@ -32,75 +32,6 @@ ADMISSION_GATE = "kueue.x-k8s.io/admission"
 
 
 # --- the operator as a subprocess -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def sd_crd(kubectl: Kubectl) -> None:
-    """The SpeculativeDeployment CRD from crds/, served and discoverable, and the examples'
-    Kueue WorkloadPriorityClasses (high, low)."""
-    apply_crds(kubectl)
-    queues = yaml.safe_load_all((REPO_ROOT / "examples" / "kueue" / "queues.yaml").read_text())
-    kubectl.apply([d for d in queues if d and d.get("kind") == "WorkloadPriorityClass"])
-    # Served once established; kubectl caches discovery, and listing the group refreshes it.
-    eventually(
-        lambda: (
-            "speculativedeployments"
-            in kubectl.run("api-resources", "--api-group=specdeploy.dev", check=False).stdout
-        ),
-        30,
-        "the SpeculativeDeployment kind in discovery",
-    )
-
-
-POD_MONITOR_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
-    "spec": {
-        "group": "monitoring.coreos.com",
-        "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
-
-
-@pytest.fixture
-def pod_monitor_crd(kubectl: Kubectl) -> Iterator[None]:
-    """A stand-in for the Prometheus Operator's PodMonitor CRD, for one test."""
-    kubectl.apply([POD_MONITOR_CRD])
-    eventually(
-        lambda: (
-            "podmonitors"
-            in kubectl.run("api-resources", "--api-group=monitoring.coreos.com", check=False).stdout
-        ),
-        30,
-        "the PodMonitor kind in discovery",
-    )
-    try:
-        yield
-    finally:
-        # Gone before the next test's operator looks for it.
-        kubectl.run(
-            "delete",
-            "crd",
-            POD_MONITOR_CRD["metadata"]["name"],
-            "--timeout=60s",
-            check=False,
-            timeout=70,
-        )
 
 
 @pytest.fixture
@@ -430,12 +361,12 @@ def test_8b_with_eagle3_head_runs_on_a_mig_slice(
     limits = engine_container(pod)["resources"]["limits"]
     assert limits["nvidia.com/mig-3g.40gb"] == "1"
     assert declared_pair(pod) == (revision, "eagle3-r1")
-    # Monitoring: a PodMonitor when its CRD is served, else scrape annotations on the pod.
-    monitors = kubectl.run("get", "podmonitors", "-n", namespace, "-o", "name", check=False)
-    if monitors.returncode == 0:
-        assert "podmonitor.monitoring.coreos.com/chat" in monitors.stdout
-    else:
-        assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    # Monitoring without the Prometheus Operator (its PodMonitor kind is not served here):
+    # scrape annotations on the pod (the PodMonitor case has a test of its own).
+    served = kubectl.run("api-resources", "--api-group=monitoring.coreos.com", check=False)
+    assert "podmonitors" not in served.stdout
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8000"
 
     table = kubectl.run("get", "sd", "chat", "-n", namespace).stdout
     header, row = table.strip().splitlines()[:2]
@@ -464,6 +395,7 @@ def test_70b_takes_four_h100s_with_tensor_parallel_4(
 def test_405b_bf16_on_h100s_is_unschedulable_and_creates_no_pods(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
+    offset = len(operator.log_text())
     kubectl.apply([llama_405b("huge", namespace)])
 
     def unschedulable() -> dict[str, Any] | None:
@@ -474,7 +406,9 @@ def test_405b_bf16_on_h100s_is_unschedulable_and_creates_no_pods(
     assert sized["status"] == "False"
     assert re.search(r"target weights 75\d\.\d", sized["message"]), sized["message"]
     assert "GiB" in sized["message"]
-    time.sleep(3)
+    # Two more reconciles after that decision, and still nothing was made.
+    decided = operator.reconciles_since(offset, namespace, "huge")
+    operator.wait_for_reconciles(offset, namespace, "huge", count=decided + 2)
     assert items(kubectl, "deployments", namespace, "huge") == []
     assert items(kubectl, "pods", namespace, "huge") == []
     assert sd_of(kubectl, namespace, "huge")["status"]["phase"] == "Failed"
@@ -516,7 +450,11 @@ def test_changing_the_draft_rolls_a_new_revision_forward_only_once_ready(
             30,
             "the first revision at zero",
         )
-        time.sleep(1)
+        eventually(
+            lambda: dict(watch.snapshots[-1]).get(first, (0, 0)) == (0, 0),
+            30,
+            "the first revision's pods gone",
+        )
 
     assert not watch.errors, watch.errors
     # Every pod ever seen carried exactly one declared pair: its revision's draft.
@@ -567,8 +505,9 @@ def test_going_back_to_an_earlier_pair_scales_its_revision_up(
         return found if found == {f"chat-{first}": 1, f"chat-{second}": 0} else None
 
     eventually(settled, 30, "the first revision back at 1 and the second at 0, nothing new")
-    for pod in items(kubectl, "pods", namespace, "chat"):
-        assert declared_pair(pod) == (first, "eagle3-r1")
+    pods = items(kubectl, "pods", namespace, "chat")
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    assert declared_pair(pods[0]) == (first, "eagle3-r1")
 
 
 def test_pod_monitor_when_the_prometheus_operator_crd_is_served(
@@ -612,9 +551,18 @@ def test_restart_makes_no_duplicates_and_an_idle_operator_writes_nothing(
 ) -> None:
     kubectl.apply([llama_8b("chat", namespace)])
     wait_ready(kubectl, namespace, "chat")
+    # Settled before the stop: a reconcile that wrote nothing.
+    eventually(
+        lambda: f"reconciled {namespace}/chat (0 API writes meanwhile)" in operator.log_text(),
+        60,
+        "a quiet reconcile before the restart",
+    )
     operator.stop()
+    restart = len(operator.log_text())
     operator.start()
-    time.sleep(10)  # resume handlers and a few timer rounds
+    # Alive and reconciling (the resume handler, then timer rounds), which a dead operator,
+    # also writing nothing, would not show.
+    operator.wait_for_reconciles(restart, namespace, "chat", count=3)
 
     assert len(items(kubectl, "deployments", namespace, "chat")) == 1
     assert len(items(kubectl, "services", namespace, "chat")) == 1
@@ -635,10 +583,12 @@ def test_restart_makes_no_duplicates_and_an_idle_operator_writes_nothing(
         }
 
     before = footprint()
-    offset = len(operator.log_text())
-    time.sleep(60)
-    writes = operator.writes_since(offset)
-    assert writes == [], f"the idle operator wrote: {writes}"
+    idle_from = len(operator.log_text())
+    time.sleep(60)  # the idle minute being measured
+    reconciles = operator.reconciles_since(idle_from, namespace, "chat")
+    assert reconciles >= 10, f"only {reconciles} reconciles in the idle minute (2 s timer)"
+    writes = operator.writes_since(restart)
+    assert writes == [], f"the restarted operator wrote: {writes}"
     assert footprint() == before
 
 

@@ -19,10 +19,12 @@ def test_example_queues_exist_in_their_namespaces() -> None:
     priorities = {
         doc["metadata"]["name"] for doc in kueue if doc["kind"] == "WorkloadPriorityClass"
     }
-    for path in EXAMPLES.glob("*.yaml"):
-        sd = yaml.safe_load(path.read_text())
-        placement = sd["spec"].get("placement", {})
-        if "queue" in placement:
-            assert (sd["metadata"]["namespace"], placement["queue"]) in local_queues, path.name
-        if "priorityClass" in placement:
-            assert placement["priorityClass"] in priorities, path.name
+    examples = [yaml.safe_load(path.read_text()) for path in sorted(EXAMPLES.glob("*.yaml"))]
+    assert len(examples) >= 4
+    placements = [(sd["metadata"], sd["spec"]["placement"]) for sd in examples]
+    # Every example is placed through a queue that exists, in its own namespace.
+    queues = [(metadata["namespace"], placement["queue"]) for metadata, placement in placements]
+    assert set(queues) <= local_queues, queues
+    named = [p["priorityClass"] for _, p in placements if "priorityClass" in p]
+    assert len(named) >= 3, "the examples show priority classes"
+    assert set(named) <= priorities, named

@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="namespace to watch (repeatable; default: the config's, else all)",
     )
+    run.add_argument(
+        "--log-reconciles",
+        action="store_true",
+        help="log one line per reconcile, also those that change nothing (to see it work)",
+    )
     run.set_defaults(func=_operator_run)
     return parser
 

@@ -91,7 +91,14 @@ class Reconciler:
             body = self.kube.get_speculative_deployment(namespace, name)
             if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
                 return
+            writes = self.kube.write_requests
             self._reconcile(body)
+            log.debug(
+                "reconciled %s/%s (%d API writes meanwhile)",
+                namespace,
+                name,
+                self.kube.write_requests - writes,
+            )
 
     def _fetched_shapes(self, sd: SpeculativeDeployment) -> dict[str, ModelShape]:
         """Shapes of models outside the spec and catalog, read once from their config.json."""

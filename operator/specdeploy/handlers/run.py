@@ -174,6 +174,8 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if getattr(args, "log_reconciles", False):
+        logging.getLogger("specdeploy.reconcile").setLevel(logging.DEBUG)
     kube = KubeAdapter.from_environment()
     config = load_config(getattr(args, "config", None), kube)
     namespaces = list(getattr(args, "namespace", None) or config.namespaces)

@@ -1,0 +1,253 @@
+"""Convergence on the real API server: drift set back, exact status, no idle writes.
+
+- The contract test runs the convergence scenario (e2e/convergence_scenarios.py) through the
+  test bed's API server, Deployment controller, Kueue and KWOK, and through the in-memory fake
+  the unit tests use, and requires the same observations from both.
+- The operator test makes the same out-of-band changes with kubectl while the operator runs
+  with a 600 s timer, so only the children's own watch events can start the reconciles that
+  set them back; then restarts it with a 2 s timer and counts an idle minute's writes, while its
+  log shows it reconciling the SDs all along.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from convergence_scenarios import (
+    CHANGES,
+    CONFIG,
+    EXTRA_ARG,
+    NAME,
+    OTHER_ENDPOINTS,
+    OTHER_IMAGE,
+    OTHER_PORT,
+    OTHER_SELECTOR,
+    PROBES,
+    FakeBackend,
+    drift_scenario,
+    scenario_sd,
+)
+from engine_cluster import OperatorProcess
+from fake_kube import FakeKube, kwok_gpu_nodes
+from specdeploy.adapters.kube import KubeAdapter
+from testbed import ClusterEnv, Kubectl, eventually
+
+pytestmark = pytest.mark.e2e
+
+NAME_LABEL = "specdeploy.dev/name"
+
+
+def kubectl_change(
+    kubectl: Kubectl, namespace: str, what: str, deployment: str, retired: str
+) -> None:
+    """Makes one of the scenario's CHANGES the way a person with edit rights would."""
+    ns = ("-n", namespace)
+    if what == "image":
+        kubectl.run("set", "image", f"deployment/{deployment}", f"engine={OTHER_IMAGE}", *ns)
+    elif what == "args":
+        add: list[dict[str, Any]] = [
+            {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": EXTRA_ARG}
+        ]
+        kubectl.run("patch", "deployment", deployment, "--type=json", "-p", json.dumps(add), *ns)
+    elif what == "env":
+        kubectl.run("set", "env", f"deployment/{deployment}", f"SPECDEPLOY_PORT={OTHER_PORT}", *ns)
+    elif what == "retired-replicas":
+        kubectl.run("scale", f"deployment/{retired}", "--replicas=1", *ns)
+    elif what == "service-selector":
+        patch: dict[str, Any] = {"spec": {"selector": OTHER_SELECTOR}}
+        kubectl.run("patch", "service", NAME, "-p", json.dumps(patch), *ns)
+    elif what == "pod-monitor":
+        patch = {"spec": {"podMetricsEndpoints": OTHER_ENDPOINTS}}
+        kubectl.run("patch", "podmonitor", NAME, "--type=merge", "-p", json.dumps(patch), *ns)
+    else:
+        raise ValueError(what)
+
+
+def deployments_settled(kubectl: Kubectl, namespace: str, name: str) -> bool:
+    """Every revision Deployment observed by its controller, with all its pods ready and no
+    others left."""
+    found = kubectl.get_json("deployments", "-n", namespace, "-l", f"{NAME_LABEL}={name}")
+    for deployment in found["items"]:
+        spec, status = deployment["spec"], deployment.get("status") or {}
+        wanted = spec["replicas"]
+        if (status.get("observedGeneration") or 0) < deployment["metadata"]["generation"]:
+            return False
+        counts = [status.get(k) or 0 for k in ("replicas", "readyReplicas", "updatedReplicas")]
+        if counts != [wanted, wanted, wanted]:
+            return False
+    return True
+
+
+@dataclass
+class RealBackend:
+    """The scenario's backend on the test bed: kubectl for people, the real adapter for us."""
+
+    kube: KubeAdapter
+    namespace: str
+    kubectl: Kubectl
+
+    def create_sd(self, body: Mapping[str, Any]) -> None:
+        self.kubectl.apply([dict(body)])
+
+    def patch_sd_spec(self, patch: Mapping[str, Any]) -> None:
+        self.kubectl.run(
+            "patch", "sd", NAME, "-n", self.namespace, "--type=merge", "-p",
+            json.dumps({"spec": dict(patch)}),
+        )  # fmt: skip
+
+    def change(self, what: str, deployment: str, retired: str) -> None:
+        kubectl_change(self.kubectl, self.namespace, what, deployment, retired)
+
+    def settle(self) -> None:
+        eventually(
+            lambda: deployments_settled(self.kubectl, self.namespace, NAME),
+            120,
+            "the revision Deployments observed and ready",
+        )
+
+
+@pytest.mark.usefixtures("sd_crd", "pod_monitor_crd")
+def test_the_scenario_sees_the_same_through_the_fake_and_the_real_api(
+    kubectl: Kubectl, k8s_api: Any, namespace: str
+) -> None:
+    real = drift_scenario(RealBackend(KubeAdapter(k8s_api), namespace, kubectl))
+    fake = drift_scenario(FakeBackend(FakeKube(kwok_gpu_nodes())))
+    assert real == fake
+    # And what both saw is the convergence the unit test demands of the fake.
+    changes = [entry for entry in real if entry[0] in CHANGES and entry[1] is True]
+    assert [entry[0] for entry in changes] == list(CHANGES)
+    assert all(entry[-1] is True for entry in changes), changes
+    assert all(len(entry[2]) == 1 for entry in changes), changes
+    assert real[-2] == ("whole GPU", "nvidia.com/gpu", False)
+
+
+# What the Event after each change names: the child and the field set back.
+SAYS = {
+    "image": "set back spec.template.spec.containers[engine].image",
+    "args": "set back spec.template.spec.containers[engine].args",
+    "env": "set back spec.template.spec.containers[engine].env[SPECDEPLOY_PORT].value",
+    "retired-replicas": "set back spec.replicas",
+    "service-selector": f"Service {NAME} was changed out of band; set back spec.selector",
+    "pod-monitor": f"PodMonitor {NAME} was changed out of band; set back spec.podMetricsEndpoints",
+}
+
+
+def events_with_reason(kubectl: Kubectl, namespace: str, reason: str) -> list[str]:
+    found = kubectl.get_json("events", "-n", namespace, "--field-selector", f"reason={reason}")
+    return [e.get("message", "") for e in found["items"]]
+
+
+@pytest.mark.usefixtures("sd_crd", "pod_monitor_crd")
+def test_the_running_operator_sets_back_each_change_from_its_watch_and_then_idles(
+    cluster: ClusterEnv, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    # A 600 s timer: nothing but watch events can start the reconciles below in time.
+    config = {**CONFIG, "reconcileIntervalSeconds": 600}
+    operator = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
+    operator.start()
+    try:
+        run_operator_scenario(kubectl, namespace, operator)
+    finally:
+        kubectl.run(
+            "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
+        )
+        operator.stop()
+        print(f"--- operator log ({operator.log_path}) ---\n{operator.log_tail()}")
+
+
+def sd_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = kubectl.get_json("sd", name, "-n", namespace).get("status") or {}
+    return status
+
+
+def ready_on(kubectl: Kubectl, namespace: str, name: str, resource: str) -> str | None:
+    """The serving revision once Ready with its pods on `resource`, else None."""
+    status = sd_status(kubectl, namespace, name)
+    ready = any(
+        c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or []
+    )
+    sizing = status.get("sizing") or {}
+    settled = deployments_settled(kubectl, namespace, name)
+    if ready and settled and sizing.get("resourceName") == resource:
+        return str(status["stableRevision"])
+    return None
+
+
+def run_operator_scenario(kubectl: Kubectl, namespace: str, operator: OperatorProcess) -> None:
+    mig = "nvidia.com/mig-3g.40gb"
+    kubectl.apply([scenario_sd(namespace)])
+    first = eventually(lambda: ready_on(kubectl, namespace, NAME, mig), 120, "Ready on a slice")
+    patch = {"spec": {"pair": {"draft": {"revision": "eagle3-r2"}}}}
+    kubectl.run("patch", "sd", NAME, "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+    serving = eventually(
+        lambda: r if (r := ready_on(kubectl, namespace, NAME, mig)) != first else None,
+        120,
+        "the second revision serving",
+    )
+    deployment, retired = f"{NAME}-{serving}", f"{NAME}-{first}"
+
+    def read(kind: str, name: str) -> Any:
+        return kubectl.get_json(kind.lower(), name, "-n", namespace)
+
+    def set_back(what: str) -> None:
+        before = PROBES[what](read, deployment, retired)
+        known = set(events_with_reason(kubectl, namespace, "DriftReverted"))
+        kubectl_change(kubectl, namespace, what, deployment, retired)
+        began = time.monotonic()
+        eventually(
+            lambda: PROBES[what](read, deployment, retired) == before,
+            60,
+            f"the {what} change set back",
+        )
+        took = time.monotonic() - began
+
+        def new_message() -> str | None:
+            messages = events_with_reason(kubectl, namespace, "DriftReverted")
+            fresh = [m for m in messages if m not in known]
+            return fresh[0] if fresh else None
+
+        message = eventually(new_message, 30, f"a DriftReverted Event after the {what} change")
+        print(f"{what}: set back in {took:.1f}s; Event: {message}")
+        assert SAYS[what] in message, message
+        eventually(
+            lambda: deployments_settled(kubectl, namespace, NAME), 120, "the Deployments settled"
+        )
+
+    for what in CHANGES:
+        set_back(what)
+
+    # The sizing switch: from a MIG slice to a whole GPU, and no stale sizing key left.
+    kubectl.run(
+        "patch", "sd", NAME, "-n", namespace, "--type=merge", "-p",
+        json.dumps({"spec": {"placement": {"gpu": {"mig": "Never"}}}}),
+    )  # fmt: skip
+    eventually(
+        lambda: ready_on(kubectl, namespace, NAME, "nvidia.com/gpu"), 120, "Ready on a whole GPU"
+    )
+    sizing = sd_status(kubectl, namespace, NAME)["sizing"]
+    assert "migProfile" not in sizing, sizing
+
+    # Restarted with a 2 s timer: it reconciles the SD again and again, and writes nothing.
+    operator.stop()
+    restarted = dataclasses.replace(
+        operator, config={**operator.config, "reconcileIntervalSeconds": 2}
+    )
+    offset = len(restarted.log_text())
+    restarted.start()
+    operator.process = restarted.process
+    restarted.wait_for_reconciles(offset, namespace, NAME, count=2)
+    idle_from = len(restarted.log_text())
+    time.sleep(60)  # the idle minute being measured
+    reconciles = restarted.reconciles_since(idle_from, namespace, NAME)
+    writes = restarted.writes_since(offset)
+    print(f"idle minute: {reconciles} reconciles, writes since the restart: {writes}")
+    assert reconciles >= 10, "the restarted operator did not keep reconciling"
+    assert writes == [], f"the restarted operator wrote: {writes}"
