@@ -87,6 +87,11 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         settings.posting.enabled = True
         settings.posting.level = logging.WARNING
         settings.execution.max_workers = 8
+        # A timer whose reconcile is running when its SD is deleted holds the finalizer until it
+        # exits; kopf looks again only every `cancellation_polling` seconds (60 by default),
+        # which left deleted SDs waiting a minute. A reconcile takes well under a second.
+        settings.background.instant_exit_timeout = 1.0
+        settings.background.cancellation_polling = RETRY_DELAY_SECONDS
 
     def reconcile_now(namespace: str | None, name: str | None) -> None:
         if not namespace or not name:
