@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +216,17 @@ def test_gpu_deployment_over_quota_stays_gated_with_its_workload_pending(
     workload = eventually(pending, 60, "Kueue to report the Workload as pending")
     message = _condition(workload, "QuotaReserved")["message"]  # type: ignore[index]
     assert "nvidia.com/gpu" in message or "insufficient" in message.lower(), message
-    time.sleep(3)  # let any (wrong) admission happen before looking again
+    # Kueue's own queue accounting has taken the Workload in as pending: its decision is made.
+    eventually(
+        lambda: (
+            kubectl.get_json("localqueue", "interactive", "-n", namespace)
+            .get("status", {})
+            .get("pendingWorkloads", 0)
+            >= 1
+        ),
+        60,
+        "LocalQueue interactive to count the Workload as pending",
+    )
     again = _workload_for(kubectl, namespace, pod["metadata"]["name"])
     assert again is not None
     admitted = _condition(again, "Admitted")
