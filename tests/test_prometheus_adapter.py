@@ -11,11 +11,7 @@ from typing import Any
 
 import pytest
 
-from specdeploy.adapters.prometheus import (
-    PrometheusUnavailableError,
-    acceptance_queries,
-    read_acceptance,
-)
+from specdeploy.adapters.prometheus import PrometheusReader, measurement_queries
 
 
 class FakePrometheus(BaseHTTPRequestHandler):
@@ -25,6 +21,10 @@ class FakePrometheus(BaseHTTPRequestHandler):
             value = "2.5"
         elif query.startswith("sum(increase"):
             value = "4200"
+        elif "inter_token_latency" in query:
+            value = "0.025"
+        elif "time_to_first_token" in query:
+            value = "NaN"
         else:
             value = "0.75"
         result = [] if 'revision="idle"' in query else [{"metric": {}, "value": [0, value]}]
@@ -49,7 +49,7 @@ def prometheus() -> Iterator[str]:
 
 
 def test_queries_select_the_revision_by_namespace_and_label() -> None:
-    queries = acceptance_queries("serving", "abc123", "5m")
+    queries = measurement_queries("serving", "abc123", "5m")
     assert queries["acceptance_rate"] == (
         'sum(rate(vllm:spec_decode_num_accepted_tokens_total{namespace="serving",'
         'specdeploy_dev_revision="abc123"}[5m])) / '
@@ -57,22 +57,31 @@ def test_queries_select_the_revision_by_namespace_and_label() -> None:
         'specdeploy_dev_revision="abc123"}[5m]))'
     )
     assert queries["mean_acceptance_length"].startswith("1 + ")
-    assert "vllm:spec_decode_num_drafts_total" in queries["mean_acceptance_length"]
+    assert "vllm:spec_decode_num_drafts_total{" in queries["mean_acceptance_length"]
+    assert queries["inter_token_latency_p50"] == (
+        "histogram_quantile(0.5, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket"
+        '{namespace="serving",specdeploy_dev_revision="abc123"}[5m])))'
+    )
 
 
-def test_reads_the_three_figures(prometheus: str) -> None:
-    acceptance = read_acceptance(prometheus, "serving", "abc123")
-    assert acceptance.acceptance_rate == pytest.approx(0.75)
-    assert acceptance.mean_acceptance_length == pytest.approx(2.5)
-    assert acceptance.draft_tokens == pytest.approx(4200)
+def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:
+    measured = PrometheusReader(prometheus).measure("serving", "abc123", "5m")
+    assert measured.error is None
+    assert measured.acceptance_rate == pytest.approx(0.75)
+    assert measured.mean_acceptance_length == pytest.approx(2.5)
+    assert measured.draft_tokens == pytest.approx(4200)
+    assert measured.inter_token_latency_p50 == pytest.approx(0.025)
+    assert measured.time_to_first_token_p50 is None
 
 
 def test_no_traffic_gives_no_rate(prometheus: str) -> None:
-    acceptance = read_acceptance(prometheus, "serving", "idle")
-    assert acceptance.acceptance_rate is None
-    assert acceptance.draft_tokens == 0
+    measured = PrometheusReader(prometheus).measure("serving", "idle", "5m")
+    assert measured.acceptance_rate is None
+    assert measured.draft_tokens == 0
 
 
-def test_unreachable_prometheus_is_reported() -> None:
-    with pytest.raises(PrometheusUnavailableError):
-        read_acceptance("http://127.0.0.1:9", "ns", "rev", timeout=1)
+def test_unreachable_prometheus_is_a_measurement_with_the_error() -> None:
+    measured = PrometheusReader("http://127.0.0.1:9", timeout=1).measure("ns", "rev", "5m")
+    assert measured.error is not None
+    assert "127.0.0.1:9" in measured.error
+    assert measured.acceptance_rate is None

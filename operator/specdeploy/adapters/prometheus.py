@@ -1,84 +1,94 @@
-"""Speculative-decoding acceptance per revision, read from Prometheus.
+"""What Prometheus measured of one revision's pods, through prometheus-api-client.
 
-vLLM exports counters of drafts, draft tokens and accepted tokens; the pods' `namespace` and
-`specdeploy_dev_revision` labels (from the PodMonitor's podTargetLabels, or the test bed's
-process kubelet) select one revision. Acceptance rate = rate(accepted) / rate(draft tokens);
-mean acceptance length = 1 + rate(accepted) / rate(drafts).
+vLLM exports counters of drafts, draft tokens and accepted tokens and histograms of inter-token
+latency and time to first token; the pods' `namespace` and `specdeploy_dev_revision` labels (from
+the PodMonitor's podTargetLabels, or scrape annotations) select one revision. Acceptance rate =
+rate(accepted) / rate(draft tokens); mean acceptance length = 1 + rate(accepted) / rate(drafts).
+
+Metrics are selected by exact name: each vLLM counter also exports a `<name>_created` series,
+which a regular expression over names would sum in.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import urllib.error
-import urllib.parse
-import urllib.request
-from dataclasses import dataclass
 from typing import Any
+
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests.exceptions import RequestException
+from urllib3.util.retry import Retry
+
+from specdeploy.plan.analysis import Measurement
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds_bucket"
+TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds_bucket"
 REVISION_LABEL = "specdeploy_dev_revision"
+DEFAULT_TIMEOUT_SECONDS = 5
 
 
 class PrometheusUnavailableError(Exception):
     """Prometheus could not be queried; the message says why."""
 
 
-@dataclass(frozen=True)
-class Acceptance:
-    """One revision's speculation over a window; None where there was no traffic."""
-
-    acceptance_rate: float | None
-    mean_acceptance_length: float | None
-    draft_tokens: float
-
-
 def _selector(namespace: str, revision: str) -> str:
-    def quoted(value: str) -> str:
-        return json.dumps(value)
-
-    return f"{{namespace={quoted(namespace)},{REVISION_LABEL}={quoted(revision)}}}"
+    return f"{{namespace={json.dumps(namespace)},{REVISION_LABEL}={json.dumps(revision)}}}"
 
 
-def acceptance_queries(namespace: str, revision: str, window: str) -> dict[str, str]:
+def measurement_queries(namespace: str, revision: str, window: str) -> dict[str, str]:
     """The PromQL of each figure, for one revision over `window` (e.g. "5m")."""
     selector = _selector(namespace, revision)
 
     def rate(metric: str) -> str:
         return f"sum(rate({metric}{selector}[{window}]))"
 
+    def median(histogram: str) -> str:
+        return f"histogram_quantile(0.5, sum by (le) (rate({histogram}{selector}[{window}])))"
+
     return {
         "acceptance_rate": f"{rate(ACCEPTED_TOKENS)} / {rate(DRAFT_TOKENS)}",
         "mean_acceptance_length": f"1 + {rate(ACCEPTED_TOKENS)} / {rate(DRAFTS)}",
         "draft_tokens": f"sum(increase({DRAFT_TOKENS}{selector}[{window}]))",
+        "inter_token_latency_p50": median(INTER_TOKEN_LATENCY),
+        "time_to_first_token_p50": median(TIME_TO_FIRST_TOKEN),
     }
 
 
-def _instant(base_url: str, query: str, timeout: float) -> float | None:
-    url = f"{base_url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body: dict[str, Any] = json.loads(response.read())
-    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as error:
-        raise PrometheusUnavailableError(f"GET {url} failed: {error}") from error
-    if body.get("status") != "success":
-        raise PrometheusUnavailableError(f"{query}: {body.get('error', body)}")
-    result = (body.get("data") or {}).get("result") or []
-    if not result:
-        return None
-    value = float(result[0]["value"][1])
-    return None if math.isnan(value) else value  # NaN: no drafts in the window
+class PrometheusReader:
+    """Reads measurements from one Prometheus; one attempt per query, short timeouts."""
 
+    def __init__(self, url: str, timeout: int = DEFAULT_TIMEOUT_SECONDS) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.client = PrometheusConnect(
+            url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout
+        )
 
-def read_acceptance(
-    base_url: str, namespace: str, revision: str, window: str = "5m", timeout: float = 5.0
-) -> Acceptance:
-    """The revision's acceptance rate, mean acceptance length and draft tokens over `window`."""
-    queries = acceptance_queries(namespace, revision, window)
-    return Acceptance(
-        acceptance_rate=_instant(base_url, queries["acceptance_rate"], timeout),
-        mean_acceptance_length=_instant(base_url, queries["mean_acceptance_length"], timeout),
-        draft_tokens=_instant(base_url, queries["draft_tokens"], timeout) or 0.0,
-    )
+    def _instant(self, query: str) -> float | None:
+        try:
+            result: list[dict[str, Any]] = self.client.custom_query(query)
+        except (PrometheusApiClientException, RequestException, ValueError) as error:
+            raise PrometheusUnavailableError(f"{self.url}: {query}: {error}") from error
+        if not result:
+            return None
+        value = float(result[0]["value"][1])
+        return None if math.isnan(value) else value  # NaN: nothing in the window
+
+    def measure(self, namespace: str, revision: str, window: str) -> Measurement:
+        """The revision's figures over `window`; a failed query is a Measurement with `error`."""
+        queries = measurement_queries(namespace, revision, window)
+        try:
+            found = {name: self._instant(query) for name, query in queries.items()}
+        except PrometheusUnavailableError as error:
+            return Measurement(error=str(error))
+        return Measurement(
+            acceptance_rate=found["acceptance_rate"],
+            mean_acceptance_length=found["mean_acceptance_length"],
+            draft_tokens=found["draft_tokens"] or 0.0,
+            inter_token_latency_p50=found["inter_token_latency_p50"],
+            time_to_first_token_p50=found["time_to_first_token_p50"],
+        )

@@ -1,0 +1,188 @@
+"""Canary analysis as pure functions: one verdict per interval, and what a run of them decides.
+
+Conventions (docs/operator.md compares them with Argo Rollouts' and Flagger's):
+
+- A verdict is Pass, Fail or Inconclusive. Inconclusive means the window cannot say: fewer draft
+  tokens than `minDraftTokens`, no data, or Prometheus could not be asked. It is never a
+  failure and never a pass, so a canary is never promoted on missing data.
+- Fail when the canary's acceptance rate is below `minAcceptanceRate`; or, beside a stable
+  revision that has a draft, more than `maxDropVsStable` below the stable's; or when both serve
+  traffic and the canary's inter-token latency (p50) is more than `maxLatencyIncrease` times the
+  stable's: a draft that is accepted but slow to run loses.
+- The canary is rolled back when its failed verdicts reach `failureLimit` (">=", counted over
+  the whole canary run, as Flagger counts; Argo Rollouts' `failureLimit` is "more than", so our
+  2 is their 1). It is promoted after `promoteAfter` passing verdicts in a row. On Inconclusive,
+  `onInconclusive` decides: Hold keeps judging (and says why), Rollback rolls back, Promote
+  promotes only when a person chose it in the spec.
+- Each interval is judged once: intervals are numbered from the canary's start, and the state
+  (kept in the SD's status) remembers the last one judged, so an operator restarted mid-canary
+  resumes without counting an interval twice or promoting twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+
+class Result(StrEnum):
+    PASS = "Pass"
+    FAIL = "Fail"
+    INCONCLUSIVE = "Inconclusive"
+
+
+class Outcome(StrEnum):
+    """What a run of verdicts decides for the canary now."""
+
+    CONTINUE = "Continue"
+    HOLD = "Hold"
+    PROMOTE = "Promote"
+    ROLLBACK = "Rollback"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What Prometheus says of one revision's pods over one window."""
+
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    draft_tokens: float = 0.0
+    #: Median inter-token latency (seconds); None without traffic.
+    inter_token_latency_p50: float | None = None
+    time_to_first_token_p50: float | None = None
+    #: Set when the query failed (Prometheus unreachable, a bad answer).
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """The thresholds of one analysis, every value decided."""
+
+    min_draft_tokens: int = 2000
+    min_acceptance_rate: float = 0.6
+    max_drop_vs_stable: float = 0.1
+    max_latency_increase: float = 1.10
+    failure_limit: int = 2
+    promote_after: int = 3
+    on_inconclusive: str = "Hold"
+
+
+@dataclass(frozen=True)
+class IntervalVerdict:
+    result: Result
+    message: str
+
+
+def _figure(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def judge_interval(
+    canary: Measurement,
+    stable: Measurement | None,
+    stable_has_draft: bool,
+    criteria: Criteria,
+) -> IntervalVerdict:
+    """The verdict on one window of the canary, beside the stable revision (None: no stable)."""
+    if canary.error is not None:
+        return IntervalVerdict(Result.INCONCLUSIVE, f"metrics unavailable: {canary.error}")
+    tokens = f"{canary.draft_tokens:,.0f} draft tokens"
+    if canary.acceptance_rate is None or canary.draft_tokens < criteria.min_draft_tokens:
+        return IntervalVerdict(
+            Result.INCONCLUSIVE,
+            f"{tokens} in the window, fewer than the {criteria.min_draft_tokens:,} a verdict needs",
+        )
+    rate = canary.acceptance_rate
+    if rate < criteria.min_acceptance_rate:
+        return IntervalVerdict(
+            Result.FAIL,
+            f"acceptance {rate:.2f} < {criteria.min_acceptance_rate:.2f} over {tokens}",
+        )
+    usable = stable if stable is not None and stable.error is None else None
+    if usable is not None and stable_has_draft and usable.acceptance_rate is not None:
+        drop = usable.acceptance_rate - rate
+        if drop > criteria.max_drop_vs_stable:
+            return IntervalVerdict(
+                Result.FAIL,
+                f"acceptance {rate:.2f} is {drop:.2f} below the stable's "
+                f"{usable.acceptance_rate:.2f} (more than {criteria.max_drop_vs_stable:.2f})",
+            )
+    canary_itl = canary.inter_token_latency_p50
+    stable_itl = usable.inter_token_latency_p50 if usable is not None else None
+    if canary_itl is not None and stable_itl is not None and stable_itl > 0:
+        ratio = canary_itl / stable_itl
+        if ratio > criteria.max_latency_increase:
+            return IntervalVerdict(
+                Result.FAIL,
+                f"inter-token latency {canary_itl * 1000:.1f} ms is {ratio:.2f}x the stable's "
+                f"{stable_itl * 1000:.1f} ms (more than {criteria.max_latency_increase:.2f}x)",
+            )
+    return IntervalVerdict(
+        Result.PASS,
+        f"acceptance {rate:.2f} (mean length {_figure(canary.mean_acceptance_length)}) "
+        f"over {tokens}",
+    )
+
+
+@dataclass(frozen=True)
+class AnalysisState:
+    """A canary's analysis so far; lives in the SD's status so restarts resume it."""
+
+    #: The number of the last interval judged (-1: none yet).
+    last_interval: int = -1
+    passes_in_a_row: int = 0
+    failures: int = 0
+    inconclusive_in_a_row: int = 0
+
+
+def interval_number(started_seconds: float, now_seconds: float, interval_seconds: float) -> int:
+    """Which interval of the canary `now` closes: 0 once one whole interval has passed."""
+    if interval_seconds <= 0:
+        raise ValueError("the analysis interval must be positive")
+    return int((now_seconds - started_seconds) // interval_seconds) - 1
+
+
+def advance(
+    state: AnalysisState, interval: int, verdict: IntervalVerdict, criteria: Criteria
+) -> tuple[AnalysisState, Outcome]:
+    """Counts `verdict` for interval number `interval` (once) and says what follows.
+
+    An interval already judged changes nothing: the outcome is then Continue (or Hold for a
+    held canary, so the condition keeps saying why).
+    """
+    if interval <= state.last_interval:
+        return state, _standing(state, criteria)
+    if verdict.result == Result.PASS:
+        state = replace(
+            state,
+            last_interval=interval,
+            passes_in_a_row=state.passes_in_a_row + 1,
+            inconclusive_in_a_row=0,
+        )
+    elif verdict.result == Result.FAIL:
+        state = replace(
+            state,
+            last_interval=interval,
+            passes_in_a_row=0,
+            failures=state.failures + 1,
+            inconclusive_in_a_row=0,
+        )
+    else:
+        state = replace(
+            state, last_interval=interval, inconclusive_in_a_row=state.inconclusive_in_a_row + 1
+        )
+    return state, _standing(state, criteria)
+
+
+def _standing(state: AnalysisState, criteria: Criteria) -> Outcome:
+    if state.failures >= criteria.failure_limit:
+        return Outcome.ROLLBACK
+    if state.passes_in_a_row >= criteria.promote_after:
+        return Outcome.PROMOTE
+    if state.inconclusive_in_a_row > 0:
+        if criteria.on_inconclusive == "Rollback":
+            return Outcome.ROLLBACK
+        if criteria.on_inconclusive == "Promote":
+            return Outcome.PROMOTE
+        return Outcome.HOLD
+    return Outcome.CONTINUE

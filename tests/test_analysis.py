@@ -1,0 +1,121 @@
+"""Canary verdicts per interval and what a run of them decides."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdeploy.plan.analysis import (
+    AnalysisState,
+    Criteria,
+    IntervalVerdict,
+    Measurement,
+    Outcome,
+    Result,
+    advance,
+    interval_number,
+    judge_interval,
+)
+
+CRITERIA = Criteria()
+GOOD = Measurement(acceptance_rate=0.82, mean_acceptance_length=3.1, draft_tokens=2412)
+PASS = IntervalVerdict(Result.PASS, "")
+FAIL = IntervalVerdict(Result.FAIL, "")
+NO_DATA = IntervalVerdict(Result.INCONCLUSIVE, "")
+
+
+def test_a_bad_draft_fails_with_its_figures() -> None:
+    bad = Measurement(acceptance_rate=0.08, draft_tokens=2412)
+    verdict = judge_interval(bad, None, stable_has_draft=False, criteria=CRITERIA)
+    assert verdict.result == Result.FAIL
+    assert verdict.message == "acceptance 0.08 < 0.60 over 2,412 draft tokens"
+
+
+def test_a_good_draft_passes() -> None:
+    verdict = judge_interval(GOOD, None, stable_has_draft=False, criteria=CRITERIA)
+    assert verdict.result == Result.PASS
+    assert "0.82" in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("canary", "why"),
+    [
+        (Measurement(acceptance_rate=0.9, draft_tokens=1999), "fewer than the 2,000"),
+        (Measurement(acceptance_rate=None, draft_tokens=0), "fewer than the 2,000"),
+        (Measurement(error="connection refused"), "metrics unavailable: connection refused"),
+    ],
+)
+def test_too_little_data_or_no_prometheus_is_inconclusive(canary: Measurement, why: str) -> None:
+    verdict = judge_interval(canary, GOOD, stable_has_draft=True, criteria=CRITERIA)
+    assert verdict.result == Result.INCONCLUSIVE
+    assert why in verdict.message
+
+
+def test_a_drop_against_a_stable_with_a_draft_fails_but_not_against_one_without() -> None:
+    canary = Measurement(acceptance_rate=0.65, draft_tokens=5000)
+    stable = Measurement(acceptance_rate=0.85, draft_tokens=5000)
+    with_draft = judge_interval(canary, stable, stable_has_draft=True, criteria=CRITERIA)
+    assert with_draft.result == Result.FAIL
+    assert "0.20 below the stable's 0.85" in with_draft.message
+    without = judge_interval(canary, stable, stable_has_draft=False, criteria=CRITERIA)
+    assert without.result == Result.PASS
+
+
+def test_an_accepted_but_slow_draft_fails_on_latency() -> None:
+    canary = Measurement(acceptance_rate=0.95, draft_tokens=5000, inter_token_latency_p50=0.030)
+    stable = Measurement(inter_token_latency_p50=0.020)
+    verdict = judge_interval(canary, stable, stable_has_draft=False, criteria=CRITERIA)
+    assert verdict.result == Result.FAIL
+    assert "1.50x the stable's 20.0 ms" in verdict.message
+    close = Measurement(acceptance_rate=0.95, draft_tokens=5000, inter_token_latency_p50=0.021)
+    assert judge_interval(close, stable, False, CRITERIA).result == Result.PASS
+
+
+def run(verdicts: list[IntervalVerdict], criteria: Criteria = CRITERIA) -> list[Outcome]:
+    state = AnalysisState()
+    outcomes = []
+    for number, verdict in enumerate(verdicts):
+        state, outcome = advance(state, number, verdict, criteria)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def test_rollback_when_failures_reach_the_limit_counted_over_the_whole_run() -> None:
+    assert run([FAIL, PASS, FAIL]) == [Outcome.CONTINUE, Outcome.CONTINUE, Outcome.ROLLBACK]
+    assert run([FAIL], Criteria(failure_limit=1)) == [Outcome.ROLLBACK]
+
+
+def test_promote_after_passes_in_a_row_and_a_failure_starts_the_count_again() -> None:
+    assert run([PASS, PASS, PASS])[-1] == Outcome.PROMOTE
+    assert run([PASS, PASS, FAIL, PASS, PASS])[-1] == Outcome.CONTINUE
+
+
+def test_missing_data_never_promotes_under_hold_and_judging_goes_on() -> None:
+    assert run([PASS, PASS, NO_DATA, NO_DATA]) == [
+        Outcome.CONTINUE,
+        Outcome.CONTINUE,
+        Outcome.HOLD,
+        Outcome.HOLD,
+    ]
+    assert run([PASS, PASS, NO_DATA, PASS])[-1] == Outcome.PROMOTE
+
+
+def test_inconclusive_follows_the_policy() -> None:
+    assert run([NO_DATA], Criteria(on_inconclusive="Rollback")) == [Outcome.ROLLBACK]
+    assert run([NO_DATA], Criteria(on_inconclusive="Promote")) == [Outcome.PROMOTE]
+
+
+def test_an_interval_is_counted_once_so_a_restart_cannot_count_it_again() -> None:
+    state, _ = advance(AnalysisState(), 0, FAIL, CRITERIA)
+    again, outcome = advance(state, 0, FAIL, CRITERIA)
+    assert again == state
+    assert outcome == Outcome.CONTINUE
+    state, outcome = advance(again, 1, FAIL, CRITERIA)
+    assert outcome == Outcome.ROLLBACK
+
+
+def test_intervals_are_numbered_from_the_canary_start() -> None:
+    assert interval_number(100, 159, 60) == -1
+    assert interval_number(100, 160, 60) == 0
+    assert interval_number(100, 400, 60) == 4
+    with pytest.raises(ValueError, match="positive"):
+        interval_number(0, 1, 0)
