@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from specdeploy.api import contract
 from specdeploy.engine import launcher
 from specdeploy.engine.__main__ import main
 
@@ -77,7 +78,7 @@ def test_parse_model_option() -> None:
 def test_parse_rejects_broken_speculative_json() -> None:
     with pytest.raises(launcher.LaunchError) as err:
         launcher.parse_serve_args(["m", "--speculative-config", "{method: eagle3"])
-    assert err.value.code == launcher.EXIT_USAGE
+    assert err.value.code == contract.EXIT_USAGE
 
 
 # --- the command ----------------------------------------------------------------------------
@@ -168,7 +169,7 @@ def test_hub_ids_are_resolved_through_the_resolver(tmp_path: Path) -> None:
 def test_missing_local_model_is_exit_4(tmp_path: Path) -> None:
     with pytest.raises(launcher.LaunchError) as err:
         launcher.check_serve_args([str(tmp_path / "nope")], {}, no_hub)
-    assert err.value.code == launcher.EXIT_MODEL_UNAVAILABLE
+    assert err.value.code == contract.EXIT_MODEL_UNAVAILABLE
 
 
 def test_unreadable_config_is_exit_4(tmp_path: Path) -> None:
@@ -176,14 +177,14 @@ def test_unreadable_config_is_exit_4(tmp_path: Path) -> None:
     (tmp_path / "t" / "config.json").write_text("{not json")
     with pytest.raises(launcher.LaunchError) as err:
         launcher.check_serve_args([str(tmp_path / "t")], {}, no_hub)
-    assert err.value.code == launcher.EXIT_MODEL_UNAVAILABLE
+    assert err.value.code == contract.EXIT_MODEL_UNAVAILABLE
 
 
 def test_offline_hub_id_is_exit_4(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(launcher.OFFLINE_ENV, "1")
     with pytest.raises(launcher.LaunchError) as err:
         launcher.resolve_model_dir("org/model", None, launcher.download_config_files)
-    assert err.value.code == launcher.EXIT_MODEL_UNAVAILABLE
+    assert err.value.code == contract.EXIT_MODEL_UNAVAILABLE
 
 
 # --- serve: the refusal as the kubelet sees it ---------------------------------------------
@@ -196,7 +197,7 @@ def test_serve_refuses_with_exit_3_and_one_line(tmp_path: Path) -> None:
     env = {launcher.TERMINATION_LOG_ENV: str(term), launcher.OFFLINE_ENV: "1"}
     with pytest.raises(SystemExit) as exited:
         launcher.serve([str(target), "--speculative-config", spec("eagle3", str(head))], env)
-    assert exited.value.code == launcher.EXIT_PAIR_INCOMPATIBLE
+    assert exited.value.code == contract.EXIT_PAIR_INCOMPATIBLE
     lines = term.read_text().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("draft was trained for verifier meta-llama/Llama-3.1-8B-Instruct")
@@ -211,7 +212,7 @@ def test_serve_refuses_a_missing_draft_with_exit_4(tmp_path: Path) -> None:
         launcher.serve(
             [str(target), "--speculative-config", spec("eagle3", str(tmp_path / "gone"))], env
         )
-    assert exited.value.code == launcher.EXIT_MODEL_UNAVAILABLE
+    assert exited.value.code == contract.EXIT_MODEL_UNAVAILABLE
     assert term.read_text() == f"model directory {tmp_path / 'gone'} does not exist\n"
 
 
@@ -219,7 +220,7 @@ def test_check_command_prints_results(tmp_path: Path, capsys: pytest.CaptureFixt
     target = model_dir(tmp_path, "t", "llama-3.1-8b-instruct")
     code = main(["check", "--", str(target), "--speculative-config", spec("ngram", str(target))])
     out = json.loads(capsys.readouterr().out)
-    assert code == launcher.EXIT_PAIR_INCOMPATIBLE
+    assert code == contract.EXIT_PAIR_INCOMPATIBLE
     assert out["message"] == "method ngram takes no draft model, but one is given"
 
 

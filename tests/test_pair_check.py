@@ -10,17 +10,15 @@ from specdeploy.api.models import (
     SpeculativeDeployment,
     SpeculativeDeploymentStatus,
 )
-from specdeploy.engine import launcher
 from specdeploy.plan import pair_check
+from specdeploy.plan.conditions import ConditionUpdate
 from specdeploy.plan.pair_check import (
-    apply_pair_verdict,
-    hold_refused_revisions,
     judge_pair,
     read_launcher_exits,
     shows_launcher_exit,
 )
 from specdeploy.plan.rollout import RevisionDeployment, plan_rollout
-from specdeploy.plan.status import ConditionUpdate, ObservedRollout, build_status
+from specdeploy.plan.status import ObservedRollout, build_status
 
 LINE = "EAGLE-3 head expects target hidden size 512, but the target /m/target has hidden size 256"
 
@@ -45,11 +43,6 @@ def pod(
 
 def terminated(code: int, message: str = "") -> dict[str, Any]:
     return {"terminated": {"exitCode": code, "reason": "Error", "message": message}}
-
-
-def test_exit_codes_are_the_launchers() -> None:
-    assert pair_check.EXIT_PAIR_INCOMPATIBLE == launcher.EXIT_PAIR_INCOMPATIBLE
-    assert pair_check.EXIT_MODEL_UNAVAILABLE == launcher.EXIT_MODEL_UNAVAILABLE
 
 
 def test_a_refusal_is_read_from_the_terminated_state_or_the_last_state() -> None:
@@ -98,7 +91,7 @@ def test_a_refused_desired_revision_is_incompatible_and_held_at_zero() -> None:
     ]
     plan = plan_rollout("b", existing, 1, "a", 5)
     assert dict(plan.replicas) == {"a": 1, "b": 1}
-    held = hold_refused_revisions(plan, verdict)
+    held = plan_rollout("b", existing, 1, "a", 5, held=verdict.refused)
     assert dict(held.replicas) == {"a": 1, "b": 0}
     assert held.stable_revision == "a"
 
@@ -149,9 +142,9 @@ def _one_pass(
 ) -> tuple[dict[str, Any], dict[str, int], pair_check.PairVerdict]:
     """What reconcile does with plan/: rollout, the launcher's verdict, the status it writes."""
     stable = sd.status.stable_revision if sd.status else None
-    plan = plan_rollout("b", existing, 1, stable, 5)
-    verdict = judge_pair("b", plan.desired_ready, True, pods, sd.status)
-    plan = hold_refused_revisions(plan, verdict)
+    desired = next(r for r in existing if r.revision == "b")
+    verdict = judge_pair("b", desired.fully_ready, True, pods, sd.status)
+    plan = plan_rollout("b", existing, 1, stable, 5, held=verdict.refused)
     seen = ObservedRollout(
         sizing=SizingDecision(resource_name="nvidia.com/gpu", count=1, tensor_parallel_size=1),
         sizing_problem=None,
@@ -161,17 +154,9 @@ def _one_pass(
         revisions=existing,
         admission=ConditionUpdate("Admitted", "True", "Admitted", ""),
         selector="specdeploy.dev/name=sd",
+        pair=verdict,
     )
-    status = apply_pair_verdict(
-        build_status(sd, seen, now),
-        verdict,
-        previous=sd.status,
-        desired_revision="b",
-        stable_revision=plan.stable_revision,
-        generation=2,
-        now=now,
-    )
-    return status, dict(plan.replicas), verdict
+    return build_status(sd, seen, now), dict(plan.replicas), verdict
 
 
 def test_refused_revision_stays_stopped_after_its_pods_are_gone_while_stable_serves() -> None:

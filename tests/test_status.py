@@ -10,14 +10,13 @@ from specdeploy.api.models import (
     SpeculationStatus,
     SpeculativeDeployment,
 )
+from specdeploy.plan.conditions import ConditionUpdate, find_condition, set_condition
+from specdeploy.plan.pair_check import judge_pair
 from specdeploy.plan.rollout import RevisionDeployment, RolloutPlan
 from specdeploy.plan.status import (
-    ConditionUpdate,
     ObservedRollout,
     build_status,
     condition_events,
-    find_condition,
-    set_condition,
     status_patch,
 )
 
@@ -104,6 +103,7 @@ def _observed(
             "Admitted", admitted, "Admitted" if admitted == "True" else "WaitingForQuota", "m"
         ),
         selector="specdeploy.dev/name=sd",
+        pair=judge_pair(desired, ready, True, [], None),
     )
 
 

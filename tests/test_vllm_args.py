@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from specdeploy.api.config import OperatorConfig
+from specdeploy.api.contract import OPERATOR_OWNED_FLAGS
 from specdeploy.api.models import ScheduleStep, SizingDecision, SpeculativeDeployment
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
 from specdeploy.plan.speculation import decide_speculation, served_spec
@@ -157,3 +158,12 @@ def test_schedule_in_the_speculative_config() -> None:
     assert "revision" not in config
     assert "--revision" not in args
     assert args[args.index("--tensor-parallel-size") + 1] == "1"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_every_flag_the_operator_sets_is_one_the_crd_refuses_in_extra_args(name: str) -> None:
+    spec = _served(name)
+    spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"extra_args": []})})
+    flags = {a.split("=")[0] for a in build_vllm_args(spec, _gpus(4)) if a.startswith("--")}
+    assert flags, name
+    assert flags <= set(OPERATOR_OWNED_FLAGS), flags - set(OPERATOR_OWNED_FLAGS)

@@ -8,9 +8,11 @@ one, is sent as a bearer token.
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from typing import Any
 
 from specdeploy.api.models import ModelShape
@@ -72,3 +74,38 @@ def fetch_model_shape(
         return shape_from_config(config)
     except ValueError as error:
         raise ModelConfigUnavailableError(f"{model}: {error}") from error
+
+
+class ModelShapes:
+    """Shapes of models read from their config.json, each read once and kept.
+
+    A model whose config.json could not be read is not asked again for `retry_seconds`, so a
+    model the hub does not know does not slow every reconcile down. Safe across threads for
+    the reconcile's purposes (at worst a model is read twice).
+    """
+
+    def __init__(self, url_template: str, retry_seconds: float = 300.0) -> None:
+        self.url_template = url_template
+        self.retry_seconds = retry_seconds
+        self._shapes: dict[tuple[str, str | None], ModelShape] = {}
+        self._retry_at: dict[tuple[str, str | None], float] = {}
+
+    def shapes(
+        self, models: Mapping[str, str | None], token: str | None
+    ) -> tuple[dict[str, ModelShape], list[str]]:
+        """(the shapes of `models` (model -> revision) known now, the reasons for the others)."""
+        found: dict[str, ModelShape] = {}
+        problems: list[str] = []
+        for model, revision in models.items():
+            key = (model, revision)
+            if key not in self._shapes:
+                if time.monotonic() < self._retry_at.get(key, 0.0):
+                    continue
+                try:
+                    self._shapes[key] = fetch_model_shape(self.url_template, model, revision, token)
+                except ModelConfigUnavailableError as error:
+                    problems.append(str(error))
+                    self._retry_at[key] = time.monotonic() + self.retry_seconds
+                    continue
+            found[model] = self._shapes[key]
+        return found, problems

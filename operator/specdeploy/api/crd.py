@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel
 
 from specdeploy import GROUP, VERSION
+from specdeploy.api.contract import OPERATOR_OWNED_FLAGS
 from specdeploy.api.models import (
     KIND,
     PLURAL,
@@ -31,19 +32,6 @@ from specdeploy.api.models import (
 CATEGORIES = ("specdeploy", "all")
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE_NAME = f"{GROUP}_{PLURAL}.yaml"
-
-# Flags build_vllm_args sets itself; a second copy in extraArgs would silently win or clash.
-OPERATOR_OWNED_FLAGS = (
-    "--revision",
-    "--served-model-name",
-    "--host",
-    "--port",
-    "--tensor-parallel-size",
-    "--max-model-len",
-    "--max-num-seqs",
-    "--gpu-memory-utilization",
-    "--speculative-config",
-)
 
 _MIG_REQUIRED = (
     "has(self.placement) && has(self.placement.gpu) && has(self.placement.gpu.mig)"

@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from specdeploy.api import contract
 from specdeploy.engine import launcher
 from specdeploy.engine.checks import summarize_failures
 
@@ -37,7 +38,7 @@ def _check(argv: Sequence[str]) -> int:
         json.dumps(
             {
                 "ok": not failed,
-                "exitCode": launcher.EXIT_PAIR_INCOMPATIBLE if failed else 0,
+                "exitCode": contract.EXIT_PAIR_INCOMPATIBLE if failed else 0,
                 "message": summarize_failures(results),
                 "checks": [
                     {"check": r.check, "status": str(r.status), "message": r.message}
@@ -47,14 +48,14 @@ def _check(argv: Sequence[str]) -> int:
             indent=2,
         )
     )
-    return launcher.EXIT_PAIR_INCOMPATIBLE if failed else 0
+    return contract.EXIT_PAIR_INCOMPATIBLE if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE.strip())
-        return 0 if argv else launcher.EXIT_USAGE
+        return 0 if argv else contract.EXIT_USAGE
     command, rest = argv[0], argv[1:]
     if command == "serve":
         launcher.serve(_vllm_args(rest))
@@ -69,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(tiny_models.write_tiny_models(opts.out), indent=2, sort_keys=True))
         return 0
     print(f"unknown command {command!r}\n\n{USAGE.strip()}", file=sys.stderr)
-    return launcher.EXIT_USAGE
+    return contract.EXIT_USAGE
 
 
 if __name__ == "__main__":

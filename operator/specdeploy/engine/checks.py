@@ -15,12 +15,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-Config = Mapping[str, Any]
+from specdeploy.api.contract import MODEL_FREE_METHODS
 
-#: Speculative methods that take no draft checkpoint of their own.
-MODEL_FREE_METHODS = frozenset({"ngram", "suffix", "ngram_gpu"})
-#: Methods whose draft is a small EAGLE-style head reading the target's hidden states.
-EAGLE_METHODS = frozenset({"eagle", "eagle3"})
+Config = Mapping[str, Any]
 
 
 class CheckStatus(StrEnum):

@@ -21,19 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from specdeploy.engine.checks import (
+from specdeploy.api.contract import (
+    EXIT_MODEL_UNAVAILABLE,
+    EXIT_PAIR_INCOMPATIBLE,
+    EXIT_USAGE,
     MODEL_FREE_METHODS,
+)
+from specdeploy.engine.checks import (
     CheckResult,
     ModelFacts,
     check_pair,
     failures,
     summarize_failures,
 )
-
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_PAIR_INCOMPATIBLE = 3
-EXIT_MODEL_UNAVAILABLE = 4
 
 TERMINATION_LOG_ENV = "SPECDEPLOY_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"

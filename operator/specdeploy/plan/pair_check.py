@@ -20,21 +20,17 @@ the pod's container status (`state.terminated` and, after a restart, `lastState.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from specdeploy.api import labels
-from specdeploy.api.conditions import ConditionType, Phase, Reason, RevisionPhase
+from specdeploy.api.conditions import ConditionType, Reason, RevisionPhase
+from specdeploy.api.contract import EXIT_MODEL_UNAVAILABLE, EXIT_PAIR_INCOMPATIBLE
 from specdeploy.api.models import Condition, SpeculativeDeploymentStatus
-from specdeploy.plan.rollout import RolloutEvent, RolloutPlan
-from specdeploy.plan.status import ConditionUpdate, set_conditions
+from specdeploy.plan.conditions import ConditionUpdate
+from specdeploy.plan.rollout import RolloutEvent
 
-# The launcher's exit codes (specdeploy.engine.launcher; docs/contracts.md). Repeated here
-# because plan/ does not import the engine package, which ships in another image.
-EXIT_PAIR_INCOMPATIBLE = 3
-EXIT_MODEL_UNAVAILABLE = 4
 ENGINE_CONTAINER = "engine"
 
 
@@ -234,98 +230,3 @@ def judge_pair(
         desired_problem=problem,
         events=tuple(events),
     )
-
-
-def hold_refused_revisions(plan: RolloutPlan, verdict: PairVerdict) -> RolloutPlan:
-    """The rollout plan with every refused revision at zero replicas (never crash-looping).
-
-    The stable revision is not touched by this: `plan_rollout` already keeps it serving while
-    the desired revision is not ready, which a refused one never is.
-    """
-    replicas = dict(plan.replicas)
-    for revision in verdict.refused:
-        if revision in replicas and revision != plan.stable_revision:
-            replicas[revision] = 0
-    if replicas == dict(plan.replicas):
-        return plan
-    return dataclasses.replace(plan, replicas=replicas)
-
-
-def apply_pair_verdict(
-    desired_status: Mapping[str, Any],
-    verdict: PairVerdict,
-    *,
-    previous: SpeculativeDeploymentStatus | None,
-    desired_revision: str | None,
-    stable_revision: str | None,
-    generation: int | None,
-    now: str,
-) -> dict[str, Any]:
-    """The status `plan.status.build_status` built, with the launcher's verdict written in.
-
-    Sets PairCompatible; marks refused revisions Failed in status.revisions; when the desired
-    revision is refused, Ready and Progressing say so (reason PairIncompatible) and the phase is
-    Degraded while a stable revision serves, else Failed. Transition times of the conditions
-    set here are judged against `previous` (the status as last written), as build_status does.
-    """
-    result = dict(desired_status)
-    result["revisions"] = [
-        {**record, "phase": RevisionPhase.FAILED}
-        if record.get("revision") in verdict.refused
-        else record
-        for record in result.get("revisions") or []
-    ]
-
-    updates = [verdict.condition]
-    problem = verdict.desired_problem
-    refused_now = (
-        problem is not None
-        and problem.exit_code == EXIT_PAIR_INCOMPATIBLE
-        and desired_revision is not None
-    )
-    if refused_now and problem is not None:
-        serving = (
-            f"; revision {stable_revision} keeps serving"
-            if stable_revision and stable_revision != desired_revision
-            else ""
-        )
-        detail = f"revision {desired_revision} refused by the engine launcher{serving}"
-        updates.append(
-            ConditionUpdate(
-                ConditionType.READY,
-                "False",
-                Reason.PAIR_INCOMPATIBLE,
-                f"{detail}: {problem.message}",
-            )
-        )
-        updates.append(
-            ConditionUpdate(ConditionType.PROGRESSING, "False", Reason.PAIR_INCOMPATIBLE, detail)
-        )
-        result["phase"] = (
-            Phase.DEGRADED
-            if stable_revision and stable_revision != desired_revision
-            else Phase.FAILED
-        )
-    elif problem is not None:
-        updates.append(
-            ConditionUpdate(
-                ConditionType.READY,
-                "False",
-                Reason.MODEL_NOT_FOUND,
-                f"revision {desired_revision}: {problem.message}",
-            )
-        )
-
-    before = previous.conditions if previous is not None else []
-    updated = {u.type for u in updates}
-    decided = {
-        c.type: c for c in set_conditions(before, updates, generation, now) if c.type in updated
-    }
-    conditions = [Condition.model_validate(c) for c in result.get("conditions") or []]
-    present = {c.type for c in conditions}
-    merged = [decided.get(c.type, c) for c in conditions]
-    merged += [decided[u.type] for u in updates if u.type not in present]
-    result["conditions"] = [
-        c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in merged
-    ]
-    return result

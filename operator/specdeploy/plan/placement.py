@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specdeploy.api.conditions import ConditionType, Reason
-from specdeploy.plan.status import ConditionUpdate
+from specdeploy.plan.conditions import ConditionUpdate
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 QUOTA_SHORTAGE = re.compile(

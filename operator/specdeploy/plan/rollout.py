@@ -14,10 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdeploy.api.conditions import Reason
-
-REVISION_LABEL = "specdeploy.dev/revision"
-PAIR_VERSION_LABEL = "specdeploy.dev/pair-version"
-PAIR_ENV = "SPECDEPLOY_PAIR"
+from specdeploy.api.contract import PAIR_ENV
+from specdeploy.api.labels import PAIR_VERSION, REVISION
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeploymen
     """Reads a child Deployment into its revision state; None if it carries no revision label."""
     metadata = deployment.get("metadata") or {}
     labels = metadata.get("labels") or {}
-    revision = labels.get(REVISION_LABEL)
+    revision = labels.get(REVISION)
     if not revision:
         return None
     spec = deployment.get("spec") or {}
@@ -64,7 +62,7 @@ def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeploymen
         replicas=int(spec.get("replicas", 1) or 0),
         ready_replicas=int(status.get("readyReplicas") or 0),
         created=str(metadata.get("creationTimestamp") or ""),
-        pair_version=str(labels.get(PAIR_VERSION_LABEL, "")),
+        pair_version=str(labels.get(PAIR_VERSION, "")),
         pair=pair,
         pods=int(status.get("replicas") or 0),
         observed=int(status.get("observedGeneration") or 0) >= int(metadata.get("generation") or 0),
@@ -98,6 +96,8 @@ def plan_rollout(
     spec_replicas: int,
     stable_revision: str | None,
     history_limit: int,
+    *,
+    held: frozenset[str] = frozenset(),
 ) -> RolloutPlan:
     """Decides the replicas of every revision Deployment.
 
@@ -107,6 +107,8 @@ def plan_rollout(
     - Until then the stable revision keeps serving `spec_replicas` pods and every other revision
       (say, an earlier attempt that never got ready) goes to 0.
     - Zero-replica revisions beyond `history_limit`, oldest first, are deleted.
+    - Revisions in `held` (refused by the engine launcher) stay at zero, never crash-looping,
+      unless one is the stable revision.
     """
     by_revision = {d.revision: d for d in existing}
     desired = by_revision.get(desired_revision) if desired_revision else None
@@ -166,6 +168,9 @@ def plan_rollout(
     for name in delete:
         gone = next(d.revision for d in existing if d.name == name)
         replicas.pop(gone, None)
+    for revision in held:
+        if revision in replicas and revision != stable_revision:
+            replicas[revision] = 0
     return RolloutPlan(
         replicas=replicas,
         create_desired=create,

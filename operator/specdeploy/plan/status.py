@@ -1,19 +1,19 @@
 """Status as pure functions: conditions, phase, the status a reconcile writes, and its patch.
 
-A condition keeps its lastTransitionTime while its status stays the same, even when its reason
-or message change; `observedGeneration` always names the generation it was computed for.
+The launcher's verdict on the pair is one of the inputs: a refused desired revision makes Ready
+and Progressing say so, is marked Failed in the revision history, and leaves the SD Degraded
+while a stable revision serves (Failed when none does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from specdeploy.api.conditions import ConditionType, Phase, Reason, RevisionPhase
+from specdeploy.api.contract import EXIT_PAIR_INCOMPATIBLE
 from specdeploy.api.models import (
-    Condition,
-    ConditionStatus,
     RevisionDraft,
     RevisionStatus,
     RevisionTarget,
@@ -22,64 +22,9 @@ from specdeploy.api.models import (
     SpeculativeDeployment,
     SpeculativeDeploymentStatus,
 )
+from specdeploy.plan.conditions import ConditionUpdate, set_conditions
+from specdeploy.plan.pair_check import PairVerdict
 from specdeploy.plan.rollout import RevisionDeployment, RolloutEvent, RolloutPlan
-
-
-@dataclass(frozen=True)
-class ConditionUpdate:
-    """What a reconcile concluded about one condition type."""
-
-    type: str
-    status: ConditionStatus
-    reason: str
-    message: str = ""
-
-
-def set_condition(
-    conditions: Sequence[Condition],
-    update: ConditionUpdate,
-    generation: int | None,
-    now: str,
-) -> list[Condition]:
-    """Conditions with `update` applied: replaced in place, or appended when new.
-
-    lastTransitionTime moves to `now` only when the status differs from the existing one.
-    """
-    existing = next((c for c in conditions if c.type == update.type), None)
-    kept_time = (
-        existing.last_transition_time
-        if existing is not None and existing.status == update.status
-        else None
-    )
-    condition = Condition(
-        type=update.type,
-        status=update.status,
-        reason=update.reason,
-        message=update.message,
-        observed_generation=generation,
-        last_transition_time=kept_time or now,
-    )
-    if existing is None:
-        return [*conditions, condition]
-    return [condition if c.type == update.type else c for c in conditions]
-
-
-def set_conditions(
-    conditions: Sequence[Condition],
-    updates: Iterable[ConditionUpdate],
-    generation: int | None,
-    now: str,
-) -> list[Condition]:
-    """Applies several updates in order (see `set_condition`)."""
-    result = list(conditions)
-    for update in updates:
-        result = set_condition(result, update, generation, now)
-    return result
-
-
-def find_condition(conditions: Sequence[Condition], type_: str) -> Condition | None:
-    """The condition of this type, if present."""
-    return next((c for c in conditions if c.type == type_), None)
 
 
 def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
@@ -125,6 +70,24 @@ class ObservedRollout:
     revisions: Sequence[RevisionDeployment]
     admission: ConditionUpdate
     selector: str
+    pair: PairVerdict
+
+
+def _refused_desired(seen: ObservedRollout) -> bool:
+    problem = seen.pair.desired_problem
+    return (
+        problem is not None
+        and problem.exit_code == EXIT_PAIR_INCOMPATIBLE
+        and seen.desired_revision is not None
+    )
+
+
+def _refusal_detail(seen: ObservedRollout) -> str:
+    stable = seen.plan.stable_revision
+    serving = (
+        f"; revision {stable} keeps serving" if stable and stable != seen.desired_revision else ""
+    )
+    return f"revision {seen.desired_revision} refused by the engine launcher{serving}"
 
 
 def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> ConditionUpdate:
@@ -144,6 +107,21 @@ def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> Condition
             "True",
             Reason.ALL_REPLICAS_READY,
             f"{replicas}/{replicas} pods of revision {seen.desired_revision} ready",
+        )
+    problem = seen.pair.desired_problem
+    if problem is not None and _refused_desired(seen):
+        return ConditionUpdate(
+            ConditionType.READY,
+            "False",
+            Reason.PAIR_INCOMPATIBLE,
+            f"{_refusal_detail(seen)}: {problem.message}",
+        )
+    if problem is not None:
+        return ConditionUpdate(
+            ConditionType.READY,
+            "False",
+            Reason.MODEL_NOT_FOUND,
+            f"revision {seen.desired_revision}: {problem.message}",
         )
     ready = desired.ready_replicas if desired else 0
     if seen.admission.status == "False":
@@ -170,6 +148,10 @@ def _progressing_update(seen: ObservedRollout) -> ConditionUpdate:
             Reason.ROLLOUT_COMPLETE,
             f"revision {seen.desired_revision} serves",
         )
+    if _refused_desired(seen):
+        return ConditionUpdate(
+            ConditionType.PROGRESSING, "False", Reason.PAIR_INCOMPATIBLE, _refusal_detail(seen)
+        )
     serving = seen.plan.stable_revision
     beside = f" alongside revision {serving}" if serving else ""
     return ConditionUpdate(
@@ -183,6 +165,9 @@ def _progressing_update(seen: ObservedRollout) -> ConditionUpdate:
 def _phase(ready: ConditionUpdate, seen: ObservedRollout) -> str:
     if ready.status == "True":
         return Phase.SERVING
+    if _refused_desired(seen):
+        stable = seen.plan.stable_revision
+        return Phase.DEGRADED if stable and stable != seen.desired_revision else Phase.FAILED
     if seen.desired_revision is None:
         return Phase.DEGRADED if seen.plan.stable_revision else Phase.FAILED
     if seen.admission.status == "False" and not seen.plan.stable_revision:
@@ -193,8 +178,9 @@ def _phase(ready: ConditionUpdate, seen: ObservedRollout) -> str:
 def _revision_history(
     seen: ObservedRollout, history_limit: int, recorded: Sequence[RevisionStatus]
 ) -> list[RevisionStatus]:
-    """One record per revision Deployment, oldest first; verdicts and a Failed phase written by
-    the canary analysis are kept."""
+    refused = seen.pair.refused
+    """One record per revision Deployment, oldest first; a revision the launcher refused is
+    Failed; verdicts and a Failed phase written earlier are kept."""
     earlier = {r.revision: r for r in recorded}
     records: list[RevisionStatus] = []
     for revision in sorted(seen.revisions, key=lambda r: (r.created, r.name)):
@@ -208,7 +194,9 @@ def _revision_history(
         else:
             phase = RevisionPhase.SUPERSEDED
         before = earlier.get(revision.revision)
-        if before is not None and before.phase == RevisionPhase.FAILED:
+        if revision.revision in refused or (
+            before is not None and before.phase == RevisionPhase.FAILED
+        ):
             phase = RevisionPhase.FAILED
         records.append(
             RevisionStatus(
@@ -253,7 +241,7 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
     )
     conditions = set_conditions(
         current.conditions,
-        [ready, _progressing_update(seen), sized, seen.admission, speculating],
+        [ready, _progressing_update(seen), sized, seen.admission, speculating, seen.pair.condition],
         generation,
         now,
     )

@@ -1,0 +1,45 @@
+"""The strings and numbers the operator, the engine launcher and the test bed agree on, once.
+
+docs/contracts.md describes them; every part imports them from here (labels and annotations
+are in `specdeploy.api.labels`). This module imports nothing, so the engine image, which ships
+the launcher without the operator's runtime, can import it too.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- the engine container's environment --------------------------------------------------------
+#: The pair the launcher must verify (compact sorted JSON: version, target, draft, revision).
+PAIR_ENV: Final = "SPECDEPLOY_PAIR"
+HOST_ENV: Final = "SPECDEPLOY_HOST"
+PORT_ENV: Final = "SPECDEPLOY_PORT"
+
+# --- the launcher's exit codes -----------------------------------------------------------------
+EXIT_OK: Final = 0
+#: Unusable arguments (no model, --speculative-config not JSON or without a method).
+EXIT_USAGE: Final = 2
+#: The pair is refused: the draft does not belong to the target (one line in the termination log).
+EXIT_PAIR_INCOMPATIBLE: Final = 3
+#: A model could not be found or read.
+EXIT_MODEL_UNAVAILABLE: Final = 4
+
+# --- speculative methods -----------------------------------------------------------------------
+#: Methods that take no draft checkpoint of their own.
+MODEL_FREE_METHODS: Final = frozenset({"ngram", "suffix", "ngram_gpu"})
+#: Methods whose draft is a small EAGLE-style head reading the target's hidden states.
+EAGLE_METHODS: Final = frozenset({"eagle", "eagle3"})
+
+# --- vLLM flags the operator sets itself -------------------------------------------------------
+#: A second copy in spec.engine.extraArgs would silently win or clash, so the CRD refuses them.
+OPERATOR_OWNED_FLAGS: Final = (
+    "--revision",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--tensor-parallel-size",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--gpu-memory-utilization",
+    "--speculative-config",
+)
