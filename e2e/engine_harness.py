@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,8 @@ def parse_counters(metrics: str) -> dict[str, float]:
 
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+GENERATED_TOKENS = "vllm:generation_tokens_total"
 
 
 # --- engine processes -------------------------------------------------------------------------
@@ -163,6 +165,7 @@ class EngineServer:
     log: Path
     started_at: float
     ready_after_s: float | None = None
+    served_name: str = "tiny"
 
     @property
     def url(self) -> str:
@@ -186,7 +189,7 @@ class EngineServer:
 
     def complete(self, prompt: str, max_tokens: int = 48) -> dict[str, Any]:
         body = {
-            "model": "tiny",
+            "model": self.served_name,
             "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0,
@@ -228,6 +231,7 @@ def start_engine(
     *,
     env: dict[str, str] | None = None,
     port: int | None = None,
+    served_name: str = "tiny",
 ) -> EngineServer:
     """Start the launcher with these vLLM arguments (not waiting for readiness)."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -242,7 +246,7 @@ def start_engine(
             env=full_env,
             start_new_session=True,
         )
-    return EngineServer(name, port or 0, process, log, time.monotonic())
+    return EngineServer(name, port or 0, process, log, time.monotonic(), served_name=served_name)
 
 
 @dataclass
@@ -273,6 +277,10 @@ def run_launcher_until_exit(
     return Refusal(done.returncode, message, done.stdout + done.stderr, time.monotonic() - started)
 
 
+#: The `vllm serve` arguments of an engine given its port.
+ArgsForPort = Callable[[int], list[str]]
+
+
 @dataclass
 class EnginePool:
     """Engines by name, at most `max_running` at once (each tiny engine takes ~3 GiB)."""
@@ -283,6 +291,12 @@ class EnginePool:
     max_running: int = 2
     running: dict[str, EngineServer] = field(default_factory=dict)
     startup_seconds: dict[str, float] = field(default_factory=dict)
+    #: Engines defined by their own arguments (see `define`): name → (arguments, served name).
+    defined: dict[str, tuple[ArgsForPort, str]] = field(default_factory=dict)
+
+    def define(self, name: str, args_for_port: ArgsForPort, served_name: str) -> None:
+        """Name an engine whose arguments are built elsewhere (e.g. by plan/), for `get`."""
+        self.defined[name] = (args_for_port, served_name)
 
     def speculative(self, name: str) -> dict[str, Any] | None:
         """The speculative config of the named engine: `plain`, `draft-good`, `eagle3`, ..."""
@@ -299,8 +313,15 @@ class EnginePool:
             self.running.pop(oldest).stop()
         for name in wanted:
             port = free_port()
-            args = vllm_args(self.models["target"], port, speculative=self.speculative(name))
-            self.running[name] = start_engine(self.python, name, args, self.log_dir, port=port)
+            if name in self.defined:
+                args_for_port, served_name = self.defined[name]
+                args = args_for_port(port)
+            else:
+                served_name = "tiny"
+                args = vllm_args(self.models["target"], port, speculative=self.speculative(name))
+            self.running[name] = start_engine(
+                self.python, name, args, self.log_dir, port=port, served_name=served_name
+            )
         for name in wanted:
             self.startup_seconds[name] = self.running[name].wait_ready()
 
