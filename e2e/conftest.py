@@ -23,6 +23,7 @@ from kubernetes import config as kubernetes_config
 
 from engine_cluster import apply_crds
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, down, eventually, up
+from testbed.prometheus_operator import served_pod_monitor_crd
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,52 +165,8 @@ def sd_crd(kubectl: Kubectl) -> None:
     )
 
 
-POD_MONITOR_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
-    "spec": {
-        "group": "monitoring.coreos.com",
-        "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
-
-
 @pytest.fixture
 def pod_monitor_crd(kubectl: Kubectl) -> Iterator[None]:
-    """A stand-in for the Prometheus Operator's PodMonitor CRD, for one test."""
-    kubectl.apply([POD_MONITOR_CRD])
-    eventually(
-        lambda: (
-            "podmonitors"
-            in kubectl.run("api-resources", "--api-group=monitoring.coreos.com", check=False).stdout
-        ),
-        30,
-        "the PodMonitor kind in discovery",
-    )
-    try:
+    """The Prometheus Operator's PodMonitor CRD (its pinned release), for one test."""
+    with served_pod_monitor_crd(kubectl):
         yield
-    finally:
-        # Gone before the next test's operator looks for it.
-        kubectl.run(
-            "delete",
-            "crd",
-            POD_MONITOR_CRD["metadata"]["name"],
-            "--timeout=60s",
-            check=False,
-            timeout=70,
-        )
