@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 
 from engine_harness import ACCEPTED_TOKENS, DRAFT_TOKENS, FAST_ENGINE_ARGS, OPERATOR_SRC, http_json
-from testbed import Kubectl, eventually
+from testbed import ClusterEnv, Kubectl, eventually
+from testbed.process_kubelet import read_local_ports
 
 REPO = Path(__file__).resolve().parent.parent
 NAME_LABEL = "specdeploy.dev/name"
@@ -254,16 +255,16 @@ def events_of(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any
     return items
 
 
-def engine_url(sd_dir: str, pod: Mapping[str, Any]) -> str:
-    """The engine's local address, from the pod's Prometheus file-SD target (process kubelet)."""
-    metadata = pod["metadata"]
-    path = Path(sd_dir) / f"{metadata['namespace']}_{metadata['name']}_{metadata['uid']}.json"
-    groups = eventually(
-        lambda: json.loads(path.read_text()) if path.exists() else None,
+def engine_url(cluster: ClusterEnv, pod: Mapping[str, Any]) -> str:
+    """The engine's local address: the local port the process kubelet gave its container
+    (whether or not Prometheus scrapes it)."""
+    run_dir = Path(cluster.run_dir) / "process-kubelet"
+    ports = eventually(
+        lambda: read_local_ports(run_dir, dict(pod)),
         30,
-        f"the file-SD target {path}",
+        f"the local ports of pod {pod['metadata']['name']} in {run_dir}",
     )
-    return f"http://{groups[0]['targets'][0]}"
+    return f"http://127.0.0.1:{ports[pod['spec']['containers'][0]['name']]}"
 
 
 def complete(url: str, model: str, prompt: str, max_tokens: int = 32) -> dict[str, Any]:

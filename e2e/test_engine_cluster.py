@@ -120,7 +120,7 @@ def serving(bed: Bed) -> tuple[str, dict[str, Any], str]:
     """The good pair (draft-small) Ready: its revision, its pod and the engine's local URL."""
     bed.kubectl.apply([tiny_sd(SD, bed.namespace, bed.models, "draft-small", "1-small")])
     revision, pod = bed.wait_ready(SD)
-    return revision, pod, engine_url(bed.cluster.prometheus_sd_dir, pod)
+    return revision, pod, engine_url(bed.cluster, pod)
 
 
 def test_the_good_pair_is_served_by_vllm_with_its_draft_and_scraped(
@@ -163,7 +163,7 @@ def test_greedy_output_with_speculation_equals_output_without(
     bed.kubectl.apply([tiny_sd(PLAIN, bed.namespace, bed.models, None, "1-plain")])
     try:
         _, plain_pod = bed.wait_ready(PLAIN)
-        plain_url = engine_url(bed.cluster.prometheus_sd_dir, plain_pod)
+        plain_url = engine_url(bed.cluster, plain_pod)
         assert "--speculative-config" not in plain_pod["spec"]["containers"][0]["args"]
         for prompt in PROMPTS:
             assert bed.token_ids(url, prompt) == bed.token_ids(plain_url, prompt), prompt

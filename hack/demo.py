@@ -201,7 +201,7 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
         pod = ready_pod(kubectl, NAMESPACE, SD, stable)
         if pod is None:
             raise RuntimeError(f"no ready pod of revision {stable}")
-        url = engine_url(env.prometheus_sd_dir, pod)
+        url = engine_url(env, pod)
         say(f"pod {pod['metadata']['name']} on node {pod['spec']['nodeName']} listens on {url}")
         answer = complete(url, models["target"], PROMPTS[0], max_tokens=32)
         say(f"prompt: {PROMPTS[0]!r} (the tiny target has random weights: expect no sense)")

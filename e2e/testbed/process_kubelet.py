@@ -93,6 +93,9 @@ new_client_from_config: Callable[..., client.ApiClient] = config.new_client_from
 # `<namespace>_<pod>_<uid>.json`, as scrape_target_file_name makes them.
 POD_TARGET_FILE = re.compile(r"^[a-z0-9-]+_[a-z0-9.-]+_[0-9a-f-]{36}\.json$")
 
+# In each pod's folder: {container name: local port}.
+LOCAL_PORTS_FILE = "ports.json"
+
 TICK_SECONDS = 1.0
 CONFIG_RETRY_SECONDS = 5.0
 WATCH_TIMEOUT_SECONDS = 60
@@ -466,6 +469,10 @@ class PodWorker(threading.Thread):
                         "init containers are not supported by the process kubelet",
                     ),
                 )
+        # Who talks to a container (a test, the demo) finds its local port here, whether or not
+        # Prometheus scrapes it.
+        ports = {run.spec["name"]: run.port for run in self._runs}
+        (self.folder / LOCAL_PORTS_FILE).write_text(json.dumps(ports, sort_keys=True) + "\n")
         log.info("running pod %s in %s", pod_key(pod), self.folder)
         while not (self._gone or self._shutdown or is_being_deleted(self.pod)):
             self._wake.clear()
@@ -682,6 +689,18 @@ class PodWorker(threading.Thread):
             except Exception as error:
                 log.warning("deleting %s failed (%s), attempt %d", pod_key(pod), error, attempt)
                 time.sleep(2.0)
+
+
+def read_local_ports(run_dir: Path, pod: Pod) -> dict[str, int] | None:
+    """{container name: local port} of a pod this process kubelet (run folder `run_dir`) runs;
+    None until it has started the pod."""
+    try:
+        ports: dict[str, int] = json.loads(
+            (run_dir / "pods" / pod_folder_name(pod) / LOCAL_PORTS_FILE).read_text()
+        )
+    except (OSError, ValueError):
+        return None
+    return ports
 
 
 def _read_text(path: Path, offset: int = 0) -> str:
