@@ -1,5 +1,6 @@
 """The process kubelet on the real test-bed cluster: a local-process pod runs, becomes Ready,
-is scraped by Prometheus under the pod's labels, reports its exit, and stops when deleted."""
+is scraped by Prometheus through its scrape annotations or the PodMonitor that selects it (the
+Prometheus Operator's real CRD), reports its exit, and stops when deleted."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from testbed import ClusterEnv, eventually
+from testbed import ClusterEnv, Kubectl, eventually
 from testbed.process_children import read_identity
+from testbed.prometheus_operator import served_pod_monitor_crd
 from testbed.sample_server import SAMPLE_SERVER as SERVER
 
 pytestmark = pytest.mark.e2e
@@ -23,6 +25,18 @@ T = TypeVar("T")
 
 REVISION = "e2e0000001"
 LOCAL_PROCESS = {"specdeploy.dev/local-process": "true"}
+SCRAPE = {"prometheus.io/scrape": "true", "prometheus.io/port": "8000"}
+WEB = {
+    "name": "web",
+    "command": ["python3", "-c", SERVER, "$(SPECDEPLOY_HOST)", "$(SPECDEPLOY_PORT)"],
+    # What the operator writes; the process kubelet's local values win.
+    "env": [
+        {"name": "SPECDEPLOY_HOST", "value": "0.0.0.0"},
+        {"name": "SPECDEPLOY_PORT", "value": "8000"},
+    ],
+    "ports": [{"name": "http", "containerPort": 8000}],
+    "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
+}
 
 
 REFUSE = (
@@ -45,7 +59,9 @@ def core(cluster: ClusterEnv, k8s_api: client.ApiClient) -> client.CoreV1Api:
     return client.CoreV1Api(k8s_api)
 
 
-def local_pod(name: str, container: dict[str, Any], **spec: Any) -> dict[str, Any]:
+def local_pod(
+    name: str, container: dict[str, Any], annotations: dict[str, str] | None = None, **spec: Any
+) -> dict[str, Any]:
     """A pod for the process kubelet: annotated, tolerating the fake nodes' taints."""
     return {
         "apiVersion": "v1",
@@ -53,7 +69,7 @@ def local_pod(name: str, container: dict[str, Any], **spec: Any) -> dict[str, An
         "metadata": {
             "name": name,
             "labels": {"specdeploy.dev/name": "pk-demo", "specdeploy.dev/revision": REVISION},
-            "annotations": LOCAL_PROCESS,
+            "annotations": {**LOCAL_PROCESS, **(annotations or {})},
         },
         "spec": {
             "tolerations": [{"operator": "Exists"}],
@@ -98,18 +114,8 @@ def prometheus_series(url: str, query: str) -> list[dict[str, Any]]:
 def test_server_pod_is_ready_scraped_with_pod_labels_and_stopped_on_delete(
     core: client.CoreV1Api, namespace: str, prometheus_url: str
 ) -> None:
-    container = {
-        "name": "web",
-        "command": ["python3", "-c", SERVER, "$(SPECDEPLOY_HOST)", "$(SPECDEPLOY_PORT)"],
-        # What the operator writes; the process kubelet's local values win.
-        "env": [
-            {"name": "SPECDEPLOY_HOST", "value": "0.0.0.0"},
-            {"name": "SPECDEPLOY_PORT", "value": "8000"},
-        ],
-        "ports": [{"name": "http", "containerPort": 8000}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
-    }
-    core.create_namespaced_pod(namespace, client.V1Pod.model_validate(local_pod("web", container)))
+    pod_manifest = local_pod("web", WEB, SCRAPE)
+    core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod_manifest))
 
     pod = wait_for(
         "pod web Ready", pod_when(core, namespace, "web", lambda p: condition(p, "Ready") == "True")
@@ -124,8 +130,9 @@ def test_server_pod_is_ready_scraped_with_pod_labels_and_stopped_on_delete(
     process = read_identity(pid)
     assert process is not None, "the container's process runs on this host"
 
+    # No PodMonitor selects it: its annotations, with every pod label.
     query = (
-        f'demo_requests_total{{namespace="{namespace}",pod="web",container="web",'
+        f'demo_requests_total{{namespace="{namespace}",pod="web",job="kubernetes-pods",'
         f'specdeploy_dev_revision="{REVISION}",specdeploy_dev_name="pk-demo"}}'
     )
     (series,) = wait_for(
@@ -154,6 +161,66 @@ def test_server_pod_is_ready_scraped_with_pod_labels_and_stopped_on_delete(
             )
         ),
         seconds=30,
+    )
+
+
+def test_a_pod_monitor_of_the_real_crd_decides_where_and_how_the_pod_is_scraped(
+    core: client.CoreV1Api, kubectl: Kubectl, namespace: str, prometheus_url: str
+) -> None:
+    monitor: dict[str, Any] = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": "pk-monitor", "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"specdeploy.dev/name": "pk-demo"}},
+            "podMetricsEndpoints": [{"port": "http", "path": "/metrics"}],
+            "podTargetLabels": ["specdeploy.dev/revision"],
+        },
+    }
+    with served_pod_monitor_crd(kubectl):
+        kubectl.apply([monitor])
+        # Annotated too: a PodMonitor that selects a pod wins over its annotations.
+        pod_manifest = local_pod("web", WEB, SCRAPE)
+        core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod_manifest))
+        query = f'demo_requests_total{{namespace="{namespace}",pod="web"}}'
+        (series,) = wait_for(
+            "Prometheus to scrape the pod through the PodMonitor",
+            lambda: prometheus_series(prometheus_url, query),
+        )
+        assert series["metric"] == {
+            "__name__": "demo_requests_total",
+            "instance": series["metric"]["instance"],
+            "namespace": namespace,
+            "pod": "web",
+            "container": "web",
+            "endpoint": "http",
+            "job": f"{namespace}/pk-monitor",
+            "specdeploy_dev_revision": REVISION,
+        }
+
+        # A PodMonitor on a port the pod does not declare: no target left at all.
+        monitor["spec"]["podMetricsEndpoints"] = [{"port": "metrics", "path": "/metrics"}]
+        kubectl.apply([monitor])
+        wait_for(
+            "the pod's scrape target to go",
+            lambda: (
+                not any(
+                    t["labels"].get("pod") == "web" and t["labels"].get("namespace") == namespace
+                    for t in _active_targets(prometheus_url)
+                )
+            ),
+            seconds=30,
+        )
+    # The CRD and its PodMonitors are gone: the annotations again.
+    wait_for(
+        "the annotation target back",
+        lambda: any(
+            t["labels"].get("pod") == "web"
+            and t["labels"].get("namespace") == namespace
+            and t["labels"].get("job") == "kubernetes-pods"
+            for t in _active_targets(prometheus_url)
+        ),
+        seconds=60,
     )
 
 

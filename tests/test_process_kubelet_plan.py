@@ -185,15 +185,48 @@ def test_label_names_are_sanitized_like_the_prometheus_operator() -> None:
     assert sanitize_label_name("app.kubernetes.io/managed-by") == "app_kubernetes_io_managed_by"
 
 
-def test_scrape_targets_carry_pod_labels_and_metrics_path() -> None:
+def served_pod(**annotations: str) -> dict[str, Any]:
+    """A running engine pod as the operator builds it: one port named http, labels of its SD."""
     pod = make_pod()
-    pod["metadata"]["labels"]["pod"] = "impostor"
-    pod["metadata"]["annotations"]["prometheus.io/path"] = "/custom"
+    pod["metadata"]["labels"] = {
+        "specdeploy.dev/name": "chat",
+        "specdeploy.dev/revision": "abc123",
+        "app": "engine",
+    }
+    pod["metadata"]["annotations"].update(annotations)
     pod["spec"]["containers"] = [
         {"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]},
-        {"name": "helper"},  # no port: not a target
+        {"name": "helper"},  # no port: never a target
     ]
-    groups = build_scrape_target_groups(pod, {"engine": 41234, "helper": 41235})
+    return pod
+
+
+def pod_monitor(name: str = "chat", namespace: str = "team-a", **spec: Any) -> dict[str, Any]:
+    """The operator's PodMonitor unless `spec` says otherwise."""
+    body: dict[str, Any] = {
+        "selector": {"matchLabels": {"specdeploy.dev/name": "chat"}},
+        "podMetricsEndpoints": [{"port": "http", "path": "/metrics"}],
+        "podTargetLabels": ["specdeploy.dev/name", "specdeploy.dev/revision"],
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": body,
+    }
+
+
+PORTS = {"engine": 41234, "helper": 41235}
+ANNOTATED = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": "8000",
+    "prometheus.io/path": "/custom",
+}
+
+
+def test_a_pod_monitor_scrapes_its_port_with_only_its_pod_target_labels() -> None:
+    groups = build_scrape_target_groups(served_pod(**ANNOTATED), PORTS, [pod_monitor()])
     assert groups == [
         {
             "targets": ["127.0.0.1:41234"],
@@ -202,12 +235,123 @@ def test_scrape_targets_carry_pod_labels_and_metrics_path() -> None:
                 "pod": "engine-0",
                 "container": "engine",
                 "endpoint": "http",
+                "job": "team-a/chat",
+                "specdeploy_dev_name": "chat",
+                "specdeploy_dev_revision": "abc123",
+                "__metrics_path__": "/metrics",
+            },
+        }
+    ]
+
+
+def test_a_pod_monitor_on_a_port_the_pod_lacks_leaves_it_unscraped() -> None:
+    """The pod is selected, so its annotations do not count, and no port matches."""
+    wrong_port = pod_monitor(podMetricsEndpoints=[{"port": "metrics", "path": "/metrics"}])
+    assert build_scrape_target_groups(served_pod(**ANNOTATED), PORTS, [wrong_port]) == []
+
+
+def test_a_pod_monitor_that_does_not_select_the_pod_leaves_the_annotations() -> None:
+    other_sd = pod_monitor(selector={"matchLabels": {"specdeploy.dev/name": "other"}})
+    other_namespace = pod_monitor(namespace="team-b")
+    (group,) = build_scrape_target_groups(
+        served_pod(**ANNOTATED), PORTS, [other_sd, other_namespace]
+    )
+    assert group["labels"]["job"] == "kubernetes-pods"
+
+
+def test_scrape_annotations_give_every_pod_label_on_the_annotated_port_and_path() -> None:
+    pod = served_pod(**ANNOTATED)
+    pod["metadata"]["labels"]["pod"] = "impostor"
+    assert build_scrape_target_groups(pod, PORTS) == [
+        {
+            "targets": ["127.0.0.1:41234"],
+            "labels": {
+                "specdeploy_dev_name": "chat",
                 "specdeploy_dev_revision": "abc123",
                 "app": "engine",
+                "namespace": "team-a",
+                "pod": "engine-0",
+                "node": "gpu-node-1",
+                "job": "kubernetes-pods",
                 "__metrics_path__": "/custom",
             },
         }
     ]
+
+
+def test_without_scrape_annotation_or_pod_monitor_a_pod_is_not_scraped() -> None:
+    assert build_scrape_target_groups(served_pod(), PORTS) == []
+    assert build_scrape_target_groups(served_pod(**{"prometheus.io/scrape": "false"}), PORTS) == []
+    # An annotated port no container declares has no local stand-in.
+    other_port = {**ANNOTATED, "prometheus.io/port": "9090"}
+    assert build_scrape_target_groups(served_pod(**other_port), PORTS) == []
+    # Without a port annotation, each container's declared port; without a path, /metrics.
+    (group,) = build_scrape_target_groups(served_pod(**{"prometheus.io/scrape": "true"}), PORTS)
+    assert group["targets"] == ["127.0.0.1:41234"]
+    assert group["labels"]["__metrics_path__"] == "/metrics"
+
+
+def test_pod_monitor_selectors_follow_kubernetes_label_selectors() -> None:
+    pod = served_pod()
+
+    def selects(selector: dict[str, Any]) -> bool:
+        return bool(build_scrape_target_groups(pod, PORTS, [pod_monitor(selector=selector)]))
+
+    assert selects({})
+    assert selects({"matchExpressions": [{"key": "app", "operator": "In", "values": ["engine"]}]})
+    assert not selects(
+        {"matchExpressions": [{"key": "app", "operator": "In", "values": ["router"]}]}
+    )
+    assert selects({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]})
+    assert not selects(
+        {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["engine"]}]}
+    )
+    assert selects({"matchExpressions": [{"key": "app", "operator": "Exists"}]})
+    assert not selects({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]})
+    assert not selects(
+        {
+            "matchLabels": {"specdeploy.dev/name": "chat"},
+            "matchExpressions": [{"key": "tier", "operator": "Exists"}],
+        }
+    )
+
+
+def test_pod_monitor_namespaces_are_its_own_unless_it_names_others() -> None:
+    pod = served_pod()
+    elsewhere = pod_monitor(namespace="monitoring")
+    assert build_scrape_target_groups(pod, PORTS, [elsewhere]) == []
+    named = pod_monitor(namespace="monitoring", namespaceSelector={"matchNames": ["team-a"]})
+    anywhere = pod_monitor(name="all", namespace="monitoring", namespaceSelector={"any": True})
+    groups = build_scrape_target_groups(pod, PORTS, [named, anywhere])
+    assert [g["labels"]["job"] for g in groups] == ["monitoring/all", "monitoring/chat"]
+
+
+def test_pod_monitor_ports_by_number_and_job_from_a_pod_label() -> None:
+    pod = served_pod()
+    by_number = pod_monitor(
+        podMetricsEndpoints=[{"portNumber": 8000, "path": "/m"}, {"portNumber": 9000}],
+        podTargetLabels=["missing", "app"],
+        jobLabel="app",
+    )
+    (group,) = build_scrape_target_groups(pod, PORTS, [by_number])
+    assert group["targets"] == ["127.0.0.1:41234"]
+    assert group["labels"] == {
+        "namespace": "team-a",
+        "container": "engine",
+        "pod": "engine-0",
+        "app": "engine",
+        "job": "engine",
+        "__metrics_path__": "/m",
+    }
+    # No port filter at all: every declared port; the default path.
+    (group,) = build_scrape_target_groups(pod, PORTS, [pod_monitor(podMetricsEndpoints=[{}])])
+    assert group["labels"]["__metrics_path__"] == "/metrics"
+    assert "endpoint" not in group["labels"]
+
+
+def test_a_container_that_does_not_run_is_no_target() -> None:
+    assert build_scrape_target_groups(served_pod(**ANNOTATED), {}, [pod_monitor()]) == []
+    assert build_scrape_target_groups(served_pod(**ANNOTATED), {}) == []
 
 
 # --- Restart policy, messages, grace --------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -19,7 +20,13 @@ from typing import Any
 import pytest
 
 from testbed.process_children import PidLedger, read_identity, spawn_child
-from testbed.process_kubelet import PodGoneError, ProcessKubelet, ScrapeTargetFiles
+from testbed.process_kubelet import (
+    PodGoneError,
+    PodMonitors,
+    ProcessKubelet,
+    ScrapeTargetFiles,
+    read_local_ports,
+)
 from testbed.sample_server import SAMPLE_SERVER as SERVER
 
 
@@ -76,14 +83,39 @@ class FakePodApi:
         return None
 
 
+class FakePodMonitorApi:
+    """PodMonitors in memory; `monitors` None means their CRD is not served."""
+
+    def __init__(self) -> None:
+        self.monitors: list[dict[str, Any]] | None = None
+        self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+
+    def list_pod_monitors(self) -> tuple[list[dict[str, Any]], str] | None:
+        if self.monitors is None:
+            return None
+        return copy.deepcopy(self.monitors), "1"
+
+    def watch_pod_monitors(self, resource_version: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        if self.monitors is None:
+            raise ConnectionError("the PodMonitor CRD is gone")
+        try:
+            yield self.events.get(timeout=0.2)
+        except queue.Empty:
+            return
+
+
 def local_pod(name: str, container: dict[str, Any], **spec: Any) -> dict[str, Any]:
     return {
         "metadata": {
             "name": name,
             "namespace": "team-a",
             "uid": f"uid-{name}",
-            "labels": {"specdeploy.dev/revision": "abc123"},
-            "annotations": {"specdeploy.dev/local-process": "true"},
+            "labels": {"specdeploy.dev/name": "web", "specdeploy.dev/revision": "abc123"},
+            "annotations": {
+                "specdeploy.dev/local-process": "true",
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": "8000",
+            },
         },
         "spec": {"nodeName": "gpu-node-1", "containers": [container], **spec},
         "status": {"phase": "Pending"},
@@ -117,6 +149,7 @@ def test_server_pod_gets_ready_registered_and_stopped_on_delete(
     kubelet: tuple[ProcessKubelet, FakePodApi, Path],
 ) -> None:
     instance, api, sd_dir = kubelet
+    tmp_run = sd_dir.parent / "run"
     container = {
         "name": "web",
         "image": "none",
@@ -138,7 +171,11 @@ def test_server_pod_gets_ready_registered_and_stopped_on_delete(
     (group,) = json.loads((sd_dir / "team-a_web_uid-web.json").read_text())
     assert group["labels"]["specdeploy_dev_revision"] == "abc123"
     assert group["labels"]["pod"] == "web"
+    assert group["labels"]["job"] == "kubernetes-pods"
     target = group["targets"][0]
+    assert read_local_ports(tmp_run, api.read_pod("team-a", "web")) == {
+        "web": int(target.split(":")[1])
+    }
     with urllib.request.urlopen(f"http://{target}/metrics", timeout=5) as response:
         assert response.read().startswith(b"demo_requests_total")
 
@@ -295,3 +332,65 @@ def test_a_restarted_process_kubelet_restarts_containers_it_did_not_adopt(
         assert again["lastState"]["terminated"]["exitCode"] == 143
     finally:
         second.stop()
+
+
+POD_MONITOR: dict[str, Any] = {
+    "apiVersion": "monitoring.coreos.com/v1",
+    "kind": "PodMonitor",
+    "metadata": {"name": "web", "namespace": "team-a", "uid": "uid-pm", "resourceVersion": "2"},
+    "spec": {
+        "selector": {"matchLabels": {"specdeploy.dev/name": "web"}},
+        "podMetricsEndpoints": [{"port": "http", "path": "/metrics"}],
+        "podTargetLabels": ["specdeploy.dev/revision"],
+    },
+}
+
+
+def test_targets_follow_pod_monitors_as_they_come_and_go(tmp_path: Path) -> None:
+    api, monitor_api = FakePodApi(), FakePodMonitorApi()
+    monitors = PodMonitors(monitor_api)
+    sd_dir = tmp_path / "sd"
+    instance = ProcessKubelet(api, tmp_path / "run", sd_dir, monitors)
+    watcher = threading.Thread(target=monitors.watch_forever, args=(instance.stopping,))
+    watcher.start()
+    target_file = sd_dir / "team-a_web_uid-web.json"
+
+    def job() -> str | None:
+        if not target_file.exists():
+            return None
+        groups = json.loads(target_file.read_text())
+        return "|".join(sorted(g["labels"]["job"] for g in groups))
+
+    try:
+        container = {
+            "name": "web",
+            "image": "none",
+            "command": [sys.executable, "-c", SERVER, "$(SPECDEPLOY_HOST)", "$(SPECDEPLOY_PORT)"],
+            "ports": [{"name": "http", "containerPort": 8000}],
+        }
+        instance.observe("ADDED", api.add(local_pod("web", container)))
+        # No CRD: the annotations.
+        assert wait_for(lambda: job() == "kubernetes-pods")
+
+        # The CRD and a PodMonitor that selects the pod: only the PodMonitor's target.
+        monitor_api.monitors = [copy.deepcopy(POD_MONITOR)]
+        assert wait_for(lambda: job() == "team-a/web", seconds=10)
+        (group,) = json.loads(target_file.read_text())
+        assert set(group["labels"]) == {
+            "namespace", "pod", "container", "endpoint", "job", "specdeploy_dev_revision",
+            "__metrics_path__",
+        }  # fmt: skip
+
+        # The PodMonitor now names a port the pod lacks: not scraped at all.
+        wrong = copy.deepcopy(POD_MONITOR)
+        wrong["spec"]["podMetricsEndpoints"] = [{"port": "metrics"}]
+        monitor_api.events.put(("MODIFIED", wrong))
+        assert wait_for(lambda: not target_file.exists(), seconds=10)
+
+        # The CRD goes: back to the annotations.
+        monitor_api.monitors = None
+        assert wait_for(lambda: job() == "kubernetes-pods", seconds=10)
+    finally:
+        instance.stopping.set()
+        instance.stop()
+        watcher.join(timeout=10)

@@ -1,12 +1,15 @@
 """The process kubelet: runs pods annotated `specdeploy.dev/local-process: "true"` as local
-processes, writes their real status, and registers them with Prometheus (file service discovery).
+processes, writes their real status, and registers them with Prometheus (file service discovery)
+where a cluster's Prometheus would find them: through the PodMonitors that select them, or their
+`prometheus.io/*` annotations.
 
     python -m testbed.process_kubelet --kubeconfig KUBECONFIG --run-dir DIR --sd-dir DIR
 
-One thread watches pods in all namespaces; each pod it runs gets a worker thread that starts
-its containers, probes them, applies the restart policy, writes the status and, when the pod
-is deleted, stops the processes and finishes the deletion. The decisions are in process_plan;
-the child processes are handled by process_children. The contract is in docs/contracts.md.
+One thread watches pods in all namespaces, another the PodMonitors (while their CRD is served);
+each pod it runs gets a worker thread that starts its containers, probes them, applies the
+restart policy, writes the status and its scrape targets and, when the pod is deleted, stops the
+processes and finishes the deletion. The decisions are in process_plan; the child processes are
+handled by process_children. The contract is in docs/contracts.md.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from testbed.process_plan import (
     ContainerReason,
     ContainerRecord,
     Pod,
+    PodMonitor,
     ProbeSpec,
     ProbeTracker,
     Running,
@@ -97,6 +101,13 @@ POD_TARGET_FILE = re.compile(r"^[a-z0-9-]+_[a-z0-9.-]+_[0-9a-f-]{36}\.json$")
 LOCAL_PORTS_FILE = "ports.json"
 
 TICK_SECONDS = 1.0
+# How often to look again for the PodMonitor CRD while it is not served.
+POD_MONITOR_CRD_RETRY_SECONDS = 2.0
+POD_MONITOR_GROUP, POD_MONITOR_VERSION, POD_MONITOR_PLURAL = (
+    "monitoring.coreos.com",
+    "v1",
+    "podmonitors",
+)
 CONFIG_RETRY_SECONDS = 5.0
 WATCH_TIMEOUT_SECONDS = 60
 SHUTDOWN_JOIN_SECONDS = 15.0
@@ -134,11 +145,37 @@ class PodApi(Protocol):
     def read_object_data(self, kind: str, namespace: str, name: str) -> dict[str, str] | None: ...
 
 
+class PodMonitorApi(Protocol):
+    """How the process kubelet reads PodMonitors."""
+
+    def list_pod_monitors(self) -> tuple[list[PodMonitor], str] | None:
+        """Every PodMonitor and the list's resourceVersion; None while the CRD is not served."""
+        ...
+
+    def watch_pod_monitors(self, resource_version: str) -> Iterator[tuple[str, PodMonitor]]: ...
+
+
+def _watch_events(response: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(type, object) of each event of a watch response; an ERROR event raises ApiException."""
+    try:
+        for line in iter_resp_lines(response):
+            if not line:
+                continue
+            event = json.loads(line)
+            if event["type"] == "ERROR":
+                status = event["object"]
+                raise ApiException(status=status.get("code"), reason=status.get("message"))
+            yield event["type"], event["object"]
+    finally:
+        response.release_conn()
+
+
 class KubePodApi:
     """PodApi over the `kubernetes` client, with plain dicts in camelCase as on the wire."""
 
     def __init__(self, api_client: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
 
     @staticmethod
     def _json(response: Any) -> Any:
@@ -161,17 +198,35 @@ class KubePodApi:
             _request_timeout=(10, WATCH_TIMEOUT_SECONDS + 30),
             _preload_content=False,
         )
+        yield from _watch_events(response)
+
+    def list_pod_monitors(self) -> tuple[list[PodMonitor], str] | None:
         try:
-            for line in iter_resp_lines(response):
-                if not line:
-                    continue
-                event = json.loads(line)
-                if event["type"] == "ERROR":
-                    status = event["object"]
-                    raise ApiException(status=status.get("code"), reason=status.get("message"))
-                yield event["type"], event["object"]
-        finally:
-            response.release_conn()
+            response: Any = self.custom.list_cluster_custom_object(
+                POD_MONITOR_GROUP, POD_MONITOR_VERSION, POD_MONITOR_PLURAL, _preload_content=False
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        body = self._json(response)
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    def watch_pod_monitors(self, resource_version: str) -> Iterator[tuple[str, PodMonitor]]:
+        """PodMonitor events from `resource_version` on; ends after a while, or with an
+        exception when the CRD goes (then list again)."""
+        response: Any = self.custom.list_cluster_custom_object(
+            POD_MONITOR_GROUP,
+            POD_MONITOR_VERSION,
+            POD_MONITOR_PLURAL,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=WATCH_TIMEOUT_SECONDS,
+            _request_timeout=(10, WATCH_TIMEOUT_SECONDS + 30),
+            _preload_content=False,
+        )
+        yield from _watch_events(response)
 
     def read_pod(self, namespace: str, name: str) -> Pod:
         try:
@@ -242,6 +297,73 @@ class KubePodApi:
             for key, value in (body.get("binaryData") or {}).items():
                 data[key] = base64.b64decode(value).decode(errors="replace")
         return data
+
+
+# --- PodMonitors ------------------------------------------------------------------------------
+
+
+class PodMonitors:
+    """The PodMonitors of the cluster, kept current by `watch_forever` (list, then watch).
+
+    Empty while the PodMonitor CRD is not served; without an API (tests) always empty.
+    """
+
+    def __init__(self, api: PodMonitorApi | None = None) -> None:
+        self.api = api
+        self._lock = threading.Lock()
+        self._by_uid: dict[str, PodMonitor] = {}
+
+    def current(self) -> list[PodMonitor]:
+        with self._lock:
+            return list(self._by_uid.values())
+
+    def _replace(self, monitors: list[PodMonitor]) -> None:
+        with self._lock:
+            self._by_uid = {m["metadata"]["uid"]: m for m in monitors}
+
+    def _observe(self, event_type: str, monitor: PodMonitor) -> None:
+        uid = monitor["metadata"]["uid"]
+        with self._lock:
+            if event_type == "DELETED":
+                self._by_uid.pop(uid, None)
+            else:
+                self._by_uid[uid] = monitor
+
+    def watch_forever(self, stopping: threading.Event) -> None:
+        """List, then watch from there; list again after any watch error or end of the CRD."""
+        if self.api is None:
+            return
+        served = False
+        while not stopping.is_set():
+            try:
+                listed = self.api.list_pod_monitors()
+                if listed is None:
+                    if served:
+                        log.info("the PodMonitor CRD is gone: scrape annotations only")
+                    served = False
+                    self._replace([])
+                    stopping.wait(POD_MONITOR_CRD_RETRY_SECONDS)
+                    continue
+                monitors, version = listed
+                if not served:
+                    log.info("the PodMonitor CRD is served: %d PodMonitor(s)", len(monitors))
+                served = True
+                self._replace(monitors)
+                while not stopping.is_set():
+                    for event_type, monitor in self.api.watch_pod_monitors(version):
+                        version = (monitor.get("metadata") or {}).get("resourceVersion") or version
+                        if event_type != "BOOKMARK":
+                            log.info(
+                                "PodMonitor %s/%s %s",
+                                monitor["metadata"].get("namespace"),
+                                monitor["metadata"].get("name"),
+                                event_type.lower(),
+                            )
+                            self._observe(event_type, monitor)
+            except Exception as error:
+                if not stopping.is_set():
+                    log.warning("PodMonitor watch failed (%s); listing again", error)
+                    stopping.wait(POD_MONITOR_CRD_RETRY_SECONDS)
 
 
 # --- Local resources: ports and scrape target files ----------------------------------------
@@ -381,10 +503,12 @@ class PodWorker(threading.Thread):
         targets: ScrapeTargetFiles,
         ledger: PidLedger,
         ports: PortAllocator,
+        monitors: PodMonitors,
     ) -> None:
         super().__init__(name=f"pod {pod_key(pod)}", daemon=True)
         self.api = api
         self.targets = targets
+        self.monitors = monitors
         self.ledger = ledger
         self.ports = ports
         self.folder = pods_dir / pod_folder_name(pod)
@@ -619,12 +743,13 @@ class PodWorker(threading.Thread):
             return
         pod = self.pod
         owned = self._owned_status()
+        groups: list[dict[str, Any]] = []
         if owned["phase"] == "Running":
             groups = build_scrape_target_groups(
-                pod, {run.spec["name"]: run.port for run in self._runs}
+                pod, {run.spec["name"]: run.port for run in self._runs}, self.monitors.current()
             )
-            if groups:
-                self.targets.write(pod, groups)
+        if groups:
+            self.targets.write(pod, groups)
         else:
             self.targets.remove(pod)
         self._write_status(owned)
@@ -718,8 +843,11 @@ def _read_text(path: Path, offset: int = 0) -> str:
 class ProcessKubelet:
     """Watches pods and keeps one PodWorker per local-process pod."""
 
-    def __init__(self, api: PodApi, run_dir: Path, sd_dir: Path) -> None:
+    def __init__(
+        self, api: PodApi, run_dir: Path, sd_dir: Path, monitors: PodMonitors | None = None
+    ) -> None:
         self.api = api
+        self.monitors = monitors or PodMonitors()
         self.pods_dir = run_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         self.targets = ScrapeTargetFiles(sd_dir)
@@ -751,6 +879,7 @@ class ProcessKubelet:
                     targets=self.targets,
                     ledger=self.ledger,
                     ports=self.ports,
+                    monitors=self.monitors,
                 )
                 self.workers[uid] = worker
                 worker.start()
@@ -825,8 +954,8 @@ def main(argv: list[str] | None = None) -> int:
     if stale_targets:
         log.info("removed scrape target files left by a previous instance: %s", stale_targets)
 
-    api_client = new_client_from_config(config_file=str(args.kubeconfig))
-    kubelet = ProcessKubelet(KubePodApi(api_client), args.run_dir, args.sd_dir)
+    api = KubePodApi(new_client_from_config(config_file=str(args.kubeconfig)))
+    kubelet = ProcessKubelet(api, args.run_dir, args.sd_dir, PodMonitors(api))
 
     def request_stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)
@@ -836,6 +965,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, request_stop)
     watcher = threading.Thread(target=kubelet.watch_forever, name="pod watch", daemon=True)
     watcher.start()
+    monitor_watcher = threading.Thread(
+        target=kubelet.monitors.watch_forever,
+        args=(kubelet.stopping,),
+        name="PodMonitor watch",
+        daemon=True,
+    )
+    monitor_watcher.start()
     log.info("process kubelet up (pid %d), run dir %s", os.getpid(), args.run_dir)
     while not kubelet.stopping.wait(3600):
         pass

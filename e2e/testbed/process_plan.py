@@ -2,8 +2,9 @@
 
 Everything the process kubelet decides about a pod lives here, so it can be tested without a
 cluster or a process: which pods are ours, the environment and command line of a container
-(kubelet's `$(VAR)` expansion), the Prometheus file-SD target groups, the restart policy and
-back-off, and the pod status a kubelet would write (phase, conditions, container statuses).
+(kubelet's `$(VAR)` expansion), the Prometheus file-SD target groups (from PodMonitors or scrape
+annotations), the restart policy and back-off, and the pod status a kubelet would write (phase,
+conditions, container statuses).
 """
 
 from __future__ import annotations
@@ -324,39 +325,170 @@ def scrape_target_file_name(pod: Pod) -> str:
     return pod_folder_name(pod) + ".json"
 
 
-def build_scrape_target_groups(
-    pod: Pod, container_ports: Mapping[str, int]
-) -> list[dict[str, Any]]:
-    """File-SD target groups for a pod: one per container that declares a container port.
+PodMonitor = dict[str, Any]
 
-    Labels are those a PodMonitor would attach (`namespace`, `pod`, `container`, `endpoint`)
-    plus every pod label, sanitized; `__metrics_path__` comes from the `prometheus.io/path`
-    annotation. The pod's own labels never replace the identifying ones.
+SCRAPE_ANNOTATION: Final = "prometheus.io/scrape"
+PORT_ANNOTATION: Final = "prometheus.io/port"
+#: The job of annotation-discovered pods, as in Prometheus' example Kubernetes configuration.
+ANNOTATION_JOB: Final = "kubernetes-pods"
+
+
+def label_selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Whether a Kubernetes label selector (matchLabels and matchExpressions) selects `labels`.
+
+    An empty selector selects everything; NotIn and DoesNotExist select a missing label.
     """
+    selector = selector or {}
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values") or []
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def pod_monitor_selects(monitor: PodMonitor, pod: Pod) -> bool:
+    """Whether the PodMonitor discovers the pod: its namespaces (its own unless
+    `namespaceSelector` says `any` or `matchNames`) and its `selector`."""
+    spec = monitor.get("spec") or {}
+    namespaces = spec.get("namespaceSelector") or {}
+    pod_namespace = pod["metadata"]["namespace"]
+    if not namespaces.get("any"):
+        allowed = namespaces.get("matchNames") or [monitor["metadata"]["namespace"]]
+        if pod_namespace not in allowed:
+            return False
+    return label_selector_matches(spec.get("selector"), pod["metadata"].get("labels") or {})
+
+
+def _local_port(container: Container, container_ports: Mapping[str, int]) -> int | None:
+    """The local port standing in for the container's first declared port (the only one the
+    process kubelet makes reachable), or None when it declares none or does not run."""
+    if not (container.get("ports") or []) or container["name"] not in container_ports:
+        return None
+    return container_ports[container["name"]]
+
+
+def _endpoint_port_matches(endpoint: Mapping[str, Any], port: Mapping[str, Any]) -> bool:
+    """The Prometheus Operator's port filter: `port` (name), else `portNumber`, else the
+    deprecated `targetPort` (name or number); none of them keeps every port."""
+    if endpoint.get("port"):
+        return bool(port.get("name") == endpoint["port"])
+    if endpoint.get("portNumber"):
+        return bool(port.get("containerPort") == endpoint["portNumber"])
+    target = endpoint.get("targetPort")
+    if isinstance(target, str) and target:
+        return bool(port.get("name") == target)
+    if isinstance(target, int) and target:
+        return bool(port.get("containerPort") == target)
+    return True
+
+
+def pod_monitor_target_groups(
+    monitor: PodMonitor, pod: Pod, container_ports: Mapping[str, int]
+) -> list[dict[str, Any]]:
+    """The targets one PodMonitor makes of a pod it selects, labelled as the Prometheus
+    Operator's relabelling does: `namespace`, `container`, `pod`, each `podTargetLabels` label
+    the pod has (sanitized), `job` = `<namespace>/<name>` (or the pod's `jobLabel` label),
+    `endpoint` = the endpoint's port name, and `__metrics_path__` = its `path`."""
+    metadata = pod["metadata"]
+    pod_labels: Mapping[str, str] = metadata.get("labels") or {}
+    spec = monitor.get("spec") or {}
+    groups: list[dict[str, Any]] = []
+    for endpoint in spec.get("podMetricsEndpoints") or []:
+        for container in pod["spec"].get("containers") or []:
+            local = _local_port(container, container_ports)
+            if local is None or not _endpoint_port_matches(endpoint, container["ports"][0]):
+                continue
+            labels = {
+                "namespace": metadata["namespace"],
+                "container": container["name"],
+                "pod": metadata["name"],
+            }
+            for key in spec.get("podTargetLabels") or []:
+                if pod_labels.get(key):
+                    labels[sanitize_label_name(key)] = str(pod_labels[key])
+            labels["job"] = f"{monitor['metadata']['namespace']}/{monitor['metadata']['name']}"
+            job_label = spec.get("jobLabel")
+            if job_label and pod_labels.get(job_label):
+                labels["job"] = str(pod_labels[job_label])
+            target = endpoint.get("targetPort")
+            if endpoint.get("port"):
+                labels["endpoint"] = str(endpoint["port"])
+            elif target not in (None, ""):
+                labels["endpoint"] = str(target)
+            labels["__metrics_path__"] = endpoint.get("path") or DEFAULT_METRICS_PATH
+            groups.append({"targets": [f"{LOCAL_HOST}:{local}"], "labels": labels})
+    return groups
+
+
+def annotation_target_groups(pod: Pod, container_ports: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The targets of a pod annotated `prometheus.io/scrape: "true"`, as Prometheus' example
+    `kubernetes-pods` job makes them: on the `prometheus.io/port` annotation (else every
+    declared port) and `prometheus.io/path` (else `/metrics`), with every pod label (sanitized)
+    and then `namespace`, `pod` and `node`; `job` is `kubernetes-pods`."""
     metadata = pod["metadata"]
     annotations = metadata.get("annotations") or {}
-    groups: list[dict[str, Any]] = []
+    if annotations.get(SCRAPE_ANNOTATION) != "true":
+        return []
+    wanted = annotations.get(PORT_ANNOTATION)
+    targets: list[str] = []
     for container in pod["spec"].get("containers") or []:
-        ports = container.get("ports") or []
-        if not ports or container["name"] not in container_ports:
+        local = _local_port(container, container_ports)
+        if local is None:
             continue
-        labels = {
-            sanitize_label_name(key): str(value)
-            for key, value in (metadata.get("labels") or {}).items()
+        if wanted and str(container["ports"][0].get("containerPort")) != wanted:
+            continue
+        target = f"{LOCAL_HOST}:{local}"
+        if target not in targets:
+            targets.append(target)
+    if not targets:
+        return []
+    labels = {
+        sanitize_label_name(key): str(value)
+        for key, value in (metadata.get("labels") or {}).items()
+    }
+    labels.update(
+        {
+            "namespace": metadata["namespace"],
+            "pod": metadata["name"],
+            "node": str(pod["spec"].get("nodeName") or ""),
+            "job": ANNOTATION_JOB,
+            "__metrics_path__": annotations.get(METRICS_PATH_ANNOTATION) or DEFAULT_METRICS_PATH,
         }
-        labels.update(
-            {
-                "namespace": metadata["namespace"],
-                "pod": metadata["name"],
-                "container": container["name"],
-                "endpoint": str(ports[0].get("name") or ports[0].get("containerPort")),
-                "__metrics_path__": annotations.get(METRICS_PATH_ANNOTATION)
-                or DEFAULT_METRICS_PATH,
-            }
-        )
-        groups.append(
-            {"targets": [f"{LOCAL_HOST}:{container_ports[container['name']]}"], "labels": labels}
-        )
+    )
+    return [{"targets": [target], "labels": dict(labels)} for target in targets]
+
+
+def build_scrape_target_groups(
+    pod: Pod, container_ports: Mapping[str, int], pod_monitors: Iterable[PodMonitor] = ()
+) -> list[dict[str, Any]]:
+    """File-SD target groups for a running pod, found the way a cluster's Prometheus finds them.
+
+    Every PodMonitor that selects the pod contributes its endpoints' targets
+    (pod_monitor_target_groups). Only when none selects it do the `prometheus.io/*` annotations
+    count (annotation_target_groups). A pod that no PodMonitor selects and no annotation asks
+    for is not scraped, nor is a pod that PodMonitors select on ports it does not declare. Container
+    ports map to the local ports in `container_ports` (container name → port).
+    """
+    selecting = sorted(
+        (m for m in pod_monitors if pod_monitor_selects(m, pod)),
+        key=lambda m: (m["metadata"]["namespace"], m["metadata"]["name"]),
+    )
+    if not selecting:
+        return annotation_target_groups(pod, container_ports)
+    groups: list[dict[str, Any]] = []
+    for monitor in selecting:
+        groups.extend(pod_monitor_target_groups(monitor, pod, container_ports))
     return groups
 
 
