@@ -290,9 +290,15 @@ def prometheus_value(prometheus_url: str, query: str) -> float | None:
     return sum(float(sample["value"][1]) for sample in result)
 
 
-def spec_decode_queries(namespace: str, pod: str, revision: str) -> dict[str, str]:
-    """PromQL for the pod's draft and accepted token counters, by the labels the bed gives."""
+def spec_decode_queries(
+    namespace: str, pod: str, revision: str, job: str | None = None
+) -> dict[str, str]:
+    """PromQL for the pod's draft and accepted token counters, by the labels the bed gives
+    (and by scrape job: `kubernetes-pods` for scrape annotations, `<namespace>/<name>` for a
+    PodMonitor)."""
     labels = f'namespace="{namespace}",pod="{pod}",specdeploy_dev_revision="{revision}"'
+    if job is not None:
+        labels += f',job="{job}"'
     return {
         "draft": f"sum({DRAFT_TOKENS}{{{labels}}})",
         "accepted": f"sum({ACCEPTED_TOKENS}{{{labels}}})",

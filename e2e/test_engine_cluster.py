@@ -5,12 +5,15 @@ the process kubelet runs each pod the operator builds as a real launcher + vLLM 
 CPU; the pod holds the smallest MIG slice of a KWOK node). One SD serves the tiny target with
 `draft-small`; a draft-less SD of the same target gives the reference output; the same SD is then
 pointed at each mismatched draft in turn, which the launcher refuses before vLLM starts while
-the good revision keeps serving. At most two engines run at once.
+the good revision keeps serving. Prometheus scrapes the pods through their scrape annotations,
+or, once the Prometheus Operator's real PodMonitor CRD is served, through the operator's
+PodMonitor. At most two engines run at once.
 """
 
 from __future__ import annotations
 
 import re
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,8 +36,14 @@ from engine_cluster import (
     spec_decode_queries,
     tiny_sd,
 )
-from engine_harness import engine_python, tiny_models
+from engine_harness import DRAFT_TOKENS, engine_python, http_json, tiny_models
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+from testbed.prometheus_operator import (
+    POD_MONITOR_CRD_NAME,
+    VERSION_ANNOTATION,
+    pinned_version,
+    served_pod_monitor_crd,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
@@ -42,6 +51,7 @@ __all__ = ["engine_python", "tiny_models"]  # session fixtures used here
 
 SD = "chat"
 PLAIN = "chat-plain"
+MONITORED = "chat-monitored"
 ENGINE_READY_S = 420
 PROMPTS = ["The cat sat on the", "In the morning the queue", "A node sees"]
 # Each refusal names what does not match, as the launcher words it (docs/engine.md).
@@ -115,6 +125,18 @@ def bed(
         print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
 
 
+def scraped_counters(bed: Bed, queries: dict[str, str], what: str) -> dict[str, float]:
+    """The draft and accepted token counts, once Prometheus has scraped some drafts."""
+
+    def scraped() -> dict[str, float] | None:
+        values = {k: prometheus_value(bed.cluster.prometheus_url, q) for k, q in queries.items()}
+        if values["draft"] and values["accepted"] is not None:
+            return {k: v or 0.0 for k, v in values.items()}
+        return None
+
+    return eventually(scraped, 60, what)
+
+
 @pytest.fixture(scope="module")
 def serving(bed: Bed) -> tuple[str, dict[str, Any], str]:
     """The good pair (draft-small) Ready: its revision, its pod and the engine's local URL."""
@@ -142,15 +164,11 @@ def test_the_good_pair_is_served_by_vllm_with_its_draft_and_scraped(
     assert answer["usage"]["completion_tokens"] == 32
     assert answer["choices"][0]["text"]
 
-    queries = spec_decode_queries(bed.namespace, pod["metadata"]["name"], revision)
-
-    def scraped() -> dict[str, float] | None:
-        values = {k: prometheus_value(bed.cluster.prometheus_url, q) for k, q in queries.items()}
-        if values["draft"] and values["accepted"] is not None:
-            return {k: v or 0.0 for k, v in values.items()}
-        return None
-
-    counters = eventually(scraped, 60, "spec-decode counters in Prometheus under the pod's labels")
+    # No PodMonitor CRD is served: the operator's scrape annotations on the pod.
+    queries = spec_decode_queries(
+        bed.namespace, pod["metadata"]["name"], revision, job="kubernetes-pods"
+    )
+    counters = scraped_counters(bed, queries, "spec-decode counters under the pod's labels")
     assert counters["draft"] > 0
     assert 0 < counters["accepted"] <= counters["draft"]
     print(f"acceptance in Prometheus: {counters['accepted']:.0f}/{counters['draft']:.0f}")
@@ -263,3 +281,51 @@ def test_a_missing_draft_is_told_apart_from_a_refused_pair(
     )
     assert bed.sd()["status"]["stableRevision"] == stable
     assert complete(url, bed.models["target"], PROMPTS[2], max_tokens=8)["choices"][0]["text"]
+
+
+def test_with_the_pod_monitor_crd_prometheus_scrapes_the_pair_through_the_operators_podmonitor(
+    bed: Bed,
+) -> None:
+    with served_pod_monitor_crd(bed.kubectl):
+        # The Prometheus Operator's own CRD, not a stand-in that keeps any field.
+        live_crd = bed.kubectl.get_json("crd", POD_MONITOR_CRD_NAME)
+        served_version = (live_crd["metadata"].get("annotations") or {}).get(VERSION_ANNOTATION)
+        assert served_version == pinned_version().removeprefix("v")
+        try:
+            bed.kubectl.apply(
+                [tiny_sd(MONITORED, bed.namespace, bed.models, "draft-small", "1-monitored")]
+            )
+            revision, pod = bed.wait_ready(MONITORED)
+            monitor = bed.kubectl.get_json("podmonitor", MONITORED, "-n", bed.namespace)
+            assert monitor["metadata"]["ownerReferences"][0]["name"] == MONITORED
+            url = engine_url(bed.cluster, pod)
+            answer = complete(url, bed.models["target"], PROMPTS[0], max_tokens=32)
+            assert answer["usage"]["completion_tokens"] == 32
+
+            # The job names the PodMonitor: these series cannot come from the annotations.
+            job = f"{bed.namespace}/{MONITORED}"
+            queries = spec_decode_queries(bed.namespace, pod["metadata"]["name"], revision, job)
+            counters = scraped_counters(
+                bed, queries, f"spec-decode counters under job {job} and revision {revision}"
+            )
+            assert counters["draft"] > 0
+            assert 0 < counters["accepted"] <= counters["draft"]
+            print(f"through {job}: {counters['accepted']:.0f}/{counters['draft']:.0f} accepted")
+
+            # Labelled as the Prometheus Operator does: the endpoint, and of the pod's labels
+            # only the podTargetLabels (no pod-template-hash, no Kueue queue name).
+            labels = f'namespace="{bed.namespace}",pod="{pod["metadata"]["name"]}",job="{job}"'
+            query = urllib.parse.urlencode({"query": f"{DRAFT_TOKENS}{{{labels}}}"})
+            prometheus = bed.cluster.prometheus_url
+            [series] = http_json(f"{prometheus}/api/v1/query?{query}")["data"]["result"]
+            metric = series["metric"]
+            assert metric["endpoint"] == "http"
+            assert metric["specdeploy_dev_name"] == MONITORED
+            assert metric["specdeploy_dev_revision"] == revision
+            assert "pod-template-hash" in pod["metadata"]["labels"]
+            assert "pod_template_hash" not in metric
+            assert not [k for k in metric if k.startswith("kueue")]
+        finally:
+            bed.kubectl.run(
+                "delete", "sd", MONITORED, "-n", bed.namespace, "--timeout=90s", check=False
+            )
