@@ -10,7 +10,9 @@ judge: the test bed runs the same fixtures against it.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,7 +84,10 @@ def _walk(
 
 def schema_errors(schema: dict[str, Any], value: Any) -> list[str]:
     """Schema violations as `<path>: <jsonschema message>`, plus duplicate list-map keys."""
-    validator = jsonschema.Draft7Validator(_json_schema(schema))
+    if schema is crd_schema():
+        validator = _crd_validator()
+    else:
+        validator = jsonschema.Draft7Validator(_json_schema(schema))
     errors = []
     for error in validator.iter_errors(value):
         path = _path(error.absolute_path)
@@ -109,22 +114,65 @@ def _is_sorted(values: Any) -> celpy.celtypes.BoolType:
     return celpy.celtypes.BoolType(all(a <= b for a, b in itertools.pairwise(items)))
 
 
+@functools.cache
+def _cel_environment() -> celpy.Environment:
+    return celpy.Environment()
+
+
+@functools.cache
+def _cel_program(rule: str) -> celpy.Runner:
+    # Parsing a rule costs far more than evaluating it; property tests evaluate thousands.
+    env = _cel_environment()
+    return env.program(env.compile(rule), functions={"isSorted": _is_sorted})
+
+
+# Results by (rule, value as canonical JSON): property tests judge thousands of values that
+# differ from each other in one field, so most objects in them were judged before.
+_RESULTS: dict[tuple[str, str], bool] = {}
+_MAX_RESULTS = 100_000
+
+
+def broken_rules(node: dict[str, Any], item: Any) -> Iterator[dict[str, Any]]:
+    """The `x-kubernetes-validations` entries of `node` itself that `item` breaks, lazily."""
+    rules = node.get("x-kubernetes-validations", [])
+    if not rules:
+        return
+    canonical = json.dumps(item, sort_keys=True)
+    for rule in rules:
+        key = (rule["rule"], canonical)
+        if key not in _RESULTS:
+            if len(_RESULTS) >= _MAX_RESULTS:
+                _RESULTS.clear()
+            activation = {"self": celpy.adapter.json_to_cel(item)}
+            result = _cel_program(rule["rule"]).evaluate(activation)
+            _RESULTS[key] = not isinstance(result, Exception) and bool(result)
+        if not _RESULTS[key]:
+            yield rule
+
+
 def cel_errors(schema: dict[str, Any], value: Any) -> list[str]:
     """CEL rule failures, formatted as the API server formats them."""
-    env = celpy.Environment()
     errors: list[str] = []
     for path, node, item in _walk(schema, value):
-        for rule in node.get("x-kubernetes-validations", []):
-            program = env.program(env.compile(rule["rule"]), functions={"isSorted": _is_sorted})
-            result = program.evaluate({"self": celpy.adapter.json_to_cel(item)})
-            if isinstance(result, Exception) or not bool(result):
-                where = (path + rule.get("fieldPath", "")).lstrip(".")
-                errors.append(f"{where}: Invalid value: {rule['message']}")
+        for rule in broken_rules(node, item):
+            where = (path + rule.get("fieldPath", "")).lstrip(".")
+            errors.append(f"{where}: Invalid value: {rule['message']}")
     return errors
+
+
+@functools.cache
+def crd_schema() -> dict[str, Any]:
+    """The CRD's openAPIV3Schema, built once per test session; callers must not modify it."""
+    return openapi_v3_schema()
+
+
+@functools.cache
+def _crd_validator() -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(_json_schema(crd_schema()))
 
 
 def admission_errors(body: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(schema errors, CEL errors) for a SpeculativeDeployment body, after defaulting."""
-    schema = openapi_v3_schema()
+    schema = crd_schema()
     stored = apply_defaults(schema, copy.deepcopy(body))
     return schema_errors(schema, stored), cel_errors(schema, stored)
