@@ -114,16 +114,15 @@ def _is_sorted(values: Any) -> celpy.celtypes.BoolType:
     return celpy.celtypes.BoolType(all(a <= b for a, b in itertools.pairwise(items)))
 
 
-@functools.cache
-def _cel_environment() -> celpy.Environment:
-    return celpy.Environment()
+# Built on import: it raises the interpreter's recursion limit, which Hypothesis warns about
+# when it happens inside a property test.
+_CEL = celpy.Environment()
 
 
 @functools.cache
 def _cel_program(rule: str) -> celpy.Runner:
     # Parsing a rule costs far more than evaluating it; property tests evaluate thousands.
-    env = _cel_environment()
-    return env.program(env.compile(rule), functions={"isSorted": _is_sorted})
+    return _CEL.program(_CEL.compile(rule), functions={"isSorted": _is_sorted})
 
 
 # Results by (rule, value as canonical JSON): property tests judge thousands of values that

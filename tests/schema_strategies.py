@@ -4,7 +4,8 @@ A value is drawn node by node from the schema the API server enforces: types, en
 bounds, required and optional properties, list sizes and list-map keys. An object's own CEL
 rules (`x-kubernetes-validations`) filter that object as it is drawn, after the schema's
 defaults are applied as the API server applies them, so almost every value drawn is one the
-API server would store; the caller still judges the whole value (tests/admission.py).
+API server would store; the caller still judges the whole value (tests/admission.py) and
+drops the rare one that is refused.
 
 Sizes are small on purpose: a tiny alphabet, short strings and lists and narrow number ranges
 make equal and nearly equal values common, which is where hashing mistakes hide.
@@ -17,13 +18,13 @@ list item, remove an optional one, add a new one), with the schema of that place
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hypothesis import reject
 from hypothesis import strategies as st
 
 from admission import apply_defaults, broken_rules
@@ -34,7 +35,7 @@ MAX_TEXT = 4
 MAX_ITEMS = 3
 INT_SPAN = 8
 FLOAT_SPAN = 100.0
-# Draws of one object before its CEL rules are given up on (the example is then rejected).
+# Draws of one object (or string) before its CEL rules (or length) are given up on.
 RULE_ATTEMPTS = 25
 # Draws of an edit at one field before that field is skipped (every draw left it as it was).
 EDIT_ATTEMPTS = 4
@@ -68,10 +69,12 @@ def _satisfying(draw: st.DrawFn, strategy: st.SearchStrategy[Any], schema: dict[
         stored = apply_defaults(schema, copy.deepcopy(value))
         broken = next(broken_rules(schema, stored), None)
         if broken is None:
-            return value
+            break
         field = tuple(part for part in broken.get("fieldPath", "").split(".") if part)
         value = _redraw(draw, strategy, schema, value, field)
-    reject()
+    # Still broken after every attempt: the caller's admission check refuses it (rejecting
+    # here would make Hypothesis print this strategy, schema and all).
+    return value
 
 
 def _redraw(
@@ -175,13 +178,14 @@ def _strings(schema: dict[str, Any]) -> st.SearchStrategy[str]:
 
 @st.composite
 def _retried(draw: st.DrawFn, strategy: st.SearchStrategy[str], keep: Callable[[str], bool]) -> str:
-    # A regex strategy knows nothing of minLength: half of what `(...)?` patterns give is "".
-    # A filter would give up after three tries and throw the whole example away.
+    # A regex strategy knows nothing of minLength: `(...)?` patterns often give "". A filter
+    # would give up after three tries and throw the whole example away.
+    text = draw(strategy)
     for _ in range(RULE_ATTEMPTS):
-        text = draw(strategy)
         if keep(text):
-            return text
-    reject()
+            break
+        text = draw(strategy)
+    return text
 
 
 def _integers(schema: dict[str, Any]) -> st.SearchStrategy[int]:
@@ -217,7 +221,7 @@ class EditSite:
     path: Path
     # The schema path edited, list items as [] and map entries as {}: spec.engine.env[].name.
     field: str
-    schema: dict[str, Any]
+    schema: dict[str, Any] = dataclasses.field(repr=False)
     # replace: set the property or item at `path` (present or not); remove: drop it;
     # add: a new map entry under a drawn key, or a new list item, in the container at `path`.
     action: Literal["replace", "remove", "add"]
@@ -263,10 +267,26 @@ def edit_sites(
     return sites
 
 
+class Edit:
+    """A value one edit away from another: the site, what was put there, the whole new value.
+
+    A plain class, not a dataclass: Hypothesis prints dataclasses field by field, and a
+    failing example would print every edited copy in full.
+    """
+
+    def __init__(self, site: EditSite, new: Any, value: Any) -> None:
+        self.site = site
+        # What the edit put at the site (None for a removal); a new map entry is {key: value}.
+        self.new = new
+        self.value = value
+
+    def __repr__(self) -> str:
+        put = "" if self.site.action == "remove" else f" = {self.new!r}"
+        return f"<{self.site.describe()}{put}>"
+
+
 @st.composite
-def single_edits(
-    draw: st.DrawFn, schema: dict[str, Any], value: Any, count: int
-) -> list[tuple[EditSite, Any]]:
+def single_edits(draw: st.DrawFn, schema: dict[str, Any], value: Any, count: int) -> list[Edit]:
     """Up to `count` edited copies of `value`, each one edit away from it, at distinct fields.
 
     Fields are picked, not sites, so a field with a long list under it is no likelier than
@@ -284,31 +304,33 @@ def single_edits(
         # A few tries at an edit that changes something: setting a field to the value it
         # already has proves nothing.
         for _ in range(EDIT_ATTEMPTS):
-            site = draw(st.sampled_from(by_field[field]))
-            changed = draw(_edited(value, site))
-            if changed != value:
-                edits.append((site, changed))
+            edit = draw(_edited(value, draw(st.sampled_from(by_field[field]))))
+            if edit.value != value:
+                edits.append(edit)
                 break
     return edits
 
 
 @st.composite
-def _edited(draw: st.DrawFn, value: Any, site: EditSite) -> Any:
+def _edited(draw: st.DrawFn, value: Any, site: EditSite) -> Edit:
     result = copy.deepcopy(value)
     if site.action == "add":
         container = _at(result, site.path)
         if isinstance(container, list):
-            container.append(draw(value_strategy(site.schema["items"])))
+            new = draw(value_strategy(site.schema["items"]))
+            container.append(new)
         else:
-            container[draw(_map_keys())] = draw(value_strategy(site.schema["additionalProperties"]))
-        return result
+            key = draw(_map_keys())
+            container[key] = draw(value_strategy(site.schema["additionalProperties"]))
+            new = {key: container[key]}
+        return Edit(site, new, result)
     *parents, last = site.path
     container = _at(result, tuple(parents))
     if site.action == "remove":
         del container[last]
-    else:
-        container[last] = draw(value_strategy(site.schema))
-    return result
+        return Edit(site, None, result)
+    container[last] = draw(value_strategy(site.schema))
+    return Edit(site, container[last], result)
 
 
 def _at(value: Any, path: Path) -> Any:
