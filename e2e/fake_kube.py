@@ -148,6 +148,7 @@ class FakeKube:
         self.pod_monitor_crd = pod_monitor_crd
         self.write_requests = 0
         self.pods: list[dict[str, Any]] = []
+        self.workloads: list[dict[str, Any]] = []
         self._versions = itertools.count(1)
         self._created = itertools.count(1)
 
@@ -178,7 +179,7 @@ class FakeKube:
         return copy.deepcopy(self.pods)
 
     def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
-        return []
+        return copy.deepcopy(self.workloads)
 
     def get_local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
         return {"spec": {"clusterQueue": name}}

@@ -42,6 +42,7 @@ class Reason:
     # Degraded / collapse guard
     ACCEPTANCE_COLLAPSED: Final = "AcceptanceCollapsed"
     ACCEPTANCE_HEALTHY: Final = "AcceptanceHealthy"
+    HEALTHY: Final = "Healthy"
     # PairCompatible
     PAIR_VERIFIED: Final = "PairVerified"
     PAIR_UNVERIFIED: Final = "PairUnverified"

@@ -29,6 +29,9 @@ class AnalysisSettings(ApiModel):
     min_draft_tokens: int = Field(default=2000, ge=0, description="Draft tokens for a verdict.")
     min_acceptance_rate: float = Field(default=0.6, ge=0, le=1, description="Absolute floor.")
     max_drop_vs_stable: float = Field(default=0.1, ge=0, le=1, description="Drop vs stable.")
+    max_latency_increase: float = Field(
+        default=1.10, ge=1, description="Inter-token latency ratio to the stable that fails."
+    )
     failure_limit: int = Field(default=2, ge=1, description="Failures that roll back.")
     promote_after: int = Field(default=3, ge=1, description="Passes that promote.")
     on_inconclusive: InconclusivePolicy = Field(default="Hold", description="Inconclusive.")
@@ -81,6 +84,13 @@ class OperatorConfig(ApiModel):
         default=30.0,
         gt=0,
         description="Period of the level-based reconcile of every SpeculativeDeployment.",
+    )
+    metrics_address: str | None = Field(
+        default=None,
+        description=(
+            "host:port where the operator serves its own /metrics (prometheus_client), e.g. "
+            "0.0.0.0:9464; none when unset."
+        ),
     )
     liveness_endpoint: str | None = Field(
         default=None,

@@ -386,8 +386,18 @@ class AnalysisSpec(ApiModel):
         le=1,
         description="A canary whose acceptance rate is this much below the stable's fails.",
     )
+    max_latency_increase: float | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "A canary whose median inter-token latency is more than this many times the "
+            "stable's fails (a draft that is accepted but slow to run loses)."
+        ),
+    )
     failure_limit: int | None = Field(
-        default=None, ge=1, description="Failed verdicts that roll the canary back."
+        default=None,
+        ge=1,
+        description="Failed verdicts over the canary run that roll it back (reached).",
     )
     promote_after: int | None = Field(
         default=None, ge=1, description="Consecutive passing verdicts that promote the canary."
@@ -525,6 +535,9 @@ class Verdict(ApiModel):
         default=None, description="1 + accepted tokens per draft."
     )
     draft_tokens: int | None = Field(default=None, description="Draft tokens in the window.")
+    inter_token_latency_seconds: float | None = Field(
+        default=None, description="Median inter-token latency in the window."
+    )
     result: VerdictResult = Field(description="Pass, Fail or Inconclusive.")
     message: str = Field(default="", description="Why.")
 
@@ -553,6 +566,40 @@ class SpeculationStatus(ApiModel):
     message: str = Field(default="", description="Detail.")
 
 
+class AnalysisStatus(ApiModel):
+    """The canary analysis under way (or last finished), kept here so restarts resume it."""
+
+    revision: str = Field(description="The canary revision judged.")
+    started_at: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When all its canary pods were ready; intervals count from here.",
+    )
+    last_interval: int = Field(default=-1, description="The last interval judged (-1: none).")
+    passes_in_a_row: int = Field(default=0, description="Passing verdicts in a row.")
+    failures: int = Field(default=0, description="Failed verdicts over the run.")
+    inconclusive_in_a_row: int = Field(default=0, description="Inconclusive verdicts in a row.")
+    outcome: str = Field(default="Continue", description="Continue, Hold, Promote or Rollback.")
+    message: str = Field(default="", description="The latest verdict's reason.")
+
+
+class CollapseStatus(ApiModel):
+    """The collapse guard's watch over the serving pair."""
+
+    revision: str = Field(description="The pair revision (with its draft) watched.")
+    below_since: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="Since when acceptance has stayed below the floor; none when it is not.",
+    )
+    triggered: bool = Field(default=False, description="The guard fired; its action holds.")
+    action: str = Field(default="", description="The action taken when it fired.")
+    message: str = Field(default="", description="The figures behind the latest decision.")
+    resumed_with: str | None = Field(
+        default=None,
+        description="The resume annotation's value last acted on (a later resume needs a new one).",
+    )
+
+
 class SpeculativeDeploymentStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -567,6 +614,12 @@ class SpeculativeDeploymentStatus(ApiModel):
     )
     stable_revision: str | None = Field(default=None, description="Revision serving traffic.")
     canary_revision: str | None = Field(default=None, description="Revision being judged.")
+    analysis: AnalysisStatus | None = Field(
+        default=None, description="The canary analysis under way or last finished."
+    )
+    collapse: CollapseStatus | None = Field(
+        default=None, description="The collapse guard's watch over the serving pair."
+    )
     revisions: list[RevisionStatus] = Field(
         default_factory=list, description="Bounded revision history, oldest first."
     )
@@ -575,6 +628,11 @@ class SpeculativeDeploymentStatus(ApiModel):
     )
     mean_acceptance_length: float | None = Field(
         default=None, description="Current mean acceptance length of the stable revision."
+    )
+    measured_at: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the acceptance figures last changed (read from Prometheus).",
     )
     speculation: SpeculationStatus | None = Field(
         default=None, description="Effective speculation."

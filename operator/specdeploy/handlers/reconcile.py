@@ -16,12 +16,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from specdeploy.adapters.kube import KubeAdapter
+from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.adapters.model_config import ModelShapes
+from specdeploy.adapters.prometheus import PrometheusReader
 from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SpeculativeDeployment
+from specdeploy.plan.analysis import Measurement
 from specdeploy.plan.children import RECORD_API_VERSION, RECORD_KIND
-from specdeploy.plan.decide import Decision, Snapshot, decide
+from specdeploy.plan.decide import Decision, Snapshot, decide, watches_acceptance
 from specdeploy.plan.gpu_catalog import catalog_for_config
 from specdeploy.plan.rollout import RevisionDeployment, read_revision_deployment
 from specdeploy.plan.sizing import models_needing_shapes
@@ -35,17 +38,29 @@ POD_MONITOR_API_VERSION = "monitoring.coreos.com/v1"
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 
 
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+# (namespace, revision, window) -> what Prometheus measured of the revision's pods.
+Measure = Callable[[str, str, str], Measurement]
 
 
 class Reconciler:
     """Reconciles SpeculativeDeployments; safe to call from several handler threads at once."""
 
-    def __init__(self, kube: KubeAdapter, config: OperatorConfig, post_event: EventPoster) -> None:
+    def __init__(
+        self,
+        kube: KubeAdapter,
+        config: OperatorConfig,
+        post_event: EventPoster,
+        *,
+        measure: Measure | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: OperatorMetrics | None = None,
+    ) -> None:
         self.kube = kube
         self.config = config
         self.post_event = post_event
+        self.measure = measure or PrometheusReader(config.prometheus_url).measure
+        self.clock = clock
+        self.metrics = metrics or OperatorMetrics()
         self.catalog = catalog_for_config(config)
         self.shapes = ModelShapes(config.model_config_url)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -62,8 +77,15 @@ class Reconciler:
             if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
                 return
             writes = self.kube.write_requests
-            decision = decide(self.observe(body), self.config, self.catalog, now_rfc3339())
-            self.apply(body, decision)
+            with self.metrics.reconcile_seconds.time():
+                try:
+                    decision = decide(self.observe(body), self.config, self.catalog, self.clock())
+                    self.apply(body, decision)
+                except Exception:
+                    self.metrics.reconcile_errors.inc()
+                    raise
+            self.metrics.count_events(decision.events)
+            self.metrics.set_acceptance(namespace, name, decision.acceptance_rate)
             log.debug(
                 "reconciled %s/%s (%d API writes meanwhile)",
                 namespace,
@@ -78,12 +100,13 @@ class Reconciler:
         selector = f"{labels.NAME}={name}"
         queue = sd.spec.placement.queue
         pod_monitor_served = self.kube.has_pod_monitor_crd()
+        deployments = [
+            d for d in self.kube.list_deployments(namespace, selector) if _owned_by(d, uid)
+        ]
         return Snapshot(
             body=body,
             nodes=self.kube.list_gpu_nodes(),
-            deployments=[
-                d for d in self.kube.list_deployments(namespace, selector) if _owned_by(d, uid)
-            ],
+            deployments=deployments,
             records=[
                 r
                 for r in self.kube.list_objects(
@@ -102,7 +125,23 @@ class Reconciler:
             workloads=self.kube.list_workloads(namespace) if queue else [],
             local_queue=self.kube.get_local_queue(namespace, queue) if queue else None,
             fetched_shapes=self._fetched_shapes(sd),
+            measurements=self._measurements(sd, deployments),
         )
+
+    def _measurements(
+        self, sd: SpeculativeDeployment, deployments: list[dict[str, Any]]
+    ) -> dict[str, Measurement]:
+        """What Prometheus measured of each revision with ready pods, when spec.rollout asks
+        for analysis (the canary's and the stable's figures)."""
+        if not watches_acceptance(sd.spec):
+            return {}
+        window = self.config.analysis_for(sd.spec.rollout.analysis).window
+        serving = (r for r in map(read_revision_deployment, deployments) if r is not None)
+        return {
+            r.revision: self.measure(sd.metadata.namespace or "", r.revision, window)
+            for r in serving
+            if r.ready_replicas > 0
+        }
 
     def _fetched_shapes(self, sd: SpeculativeDeployment) -> dict[str, Any]:
         """Shapes of the served pair's models outside the spec and catalog (config.json)."""

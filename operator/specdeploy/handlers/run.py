@@ -185,6 +185,9 @@ def main(args: argparse.Namespace) -> int:
     config = load_config(getattr(args, "config", None), kube)
     namespaces = list(getattr(args, "namespace", None) or config.namespaces)
     reconciler = Reconciler(kube, config, post_kopf_event)
+    if config.metrics_address:
+        port = reconciler.metrics.serve(config.metrics_address)
+        log.info("operator metrics on %s (port %d)", config.metrics_address, port)
     registry = build_registry(reconciler, config)
     log.info(
         "specdeploy operator: namespaces %s, reconcile every %ss",

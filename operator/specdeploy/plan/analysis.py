@@ -21,8 +21,16 @@ Conventions (docs/operator.md compares them with Argo Rollouts' and Flagger's):
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from enum import StrEnum
+
+from specdeploy.api.config import AnalysisSettings
+from specdeploy.api.models import AnalysisStatus
+
+RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
 
 
 class Result(StrEnum):
@@ -186,3 +194,102 @@ def _standing(state: AnalysisState, criteria: Criteria) -> Outcome:
             return Outcome.PROMOTE
         return Outcome.HOLD
     return Outcome.CONTINUE
+
+
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration_seconds(text: str) -> float:
+    """A duration as the CRD spells it ("90s", "1m30s", "500ms") in seconds."""
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {text!r}")
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+def criteria_from(settings: AnalysisSettings) -> Criteria:
+    """The thresholds of an analysis whose every value is decided (config over spec)."""
+    return Criteria(
+        min_draft_tokens=settings.min_draft_tokens,
+        min_acceptance_rate=settings.min_acceptance_rate,
+        max_drop_vs_stable=settings.max_drop_vs_stable,
+        max_latency_increase=settings.max_latency_increase,
+        failure_limit=settings.failure_limit,
+        promote_after=settings.promote_after,
+        on_inconclusive=settings.on_inconclusive,
+    )
+
+
+@dataclass(frozen=True)
+class CanaryJudgement:
+    """What this reconcile concluded about the canary: the analysis state to keep in status,
+    the verdict counted now (if an interval closed), and what follows."""
+
+    state: AnalysisStatus | None
+    outcome: Outcome | None = None
+    verdict: IntervalVerdict | None = None
+    measured: Measurement | None = None
+
+
+def _as_state(status: AnalysisStatus) -> AnalysisState:
+    return AnalysisState(
+        last_interval=status.last_interval,
+        passes_in_a_row=status.passes_in_a_row,
+        failures=status.failures,
+        inconclusive_in_a_row=status.inconclusive_in_a_row,
+    )
+
+
+def judge_canary(
+    previous: AnalysisStatus | None,
+    *,
+    canary: str | None,
+    canary_ready: bool,
+    stable: str | None,
+    stable_has_draft: bool,
+    measurements: Mapping[str, Measurement],
+    settings: AnalysisSettings,
+    now: datetime,
+) -> CanaryJudgement:
+    """Advances the analysis of `canary` (None: no canary now) by what `now` closes.
+
+    The analysis starts when all the canary's pods are ready; each interval after that gets
+    one verdict. A finished analysis (Promote or Rollback) stays as it ended; the analysis of
+    an earlier canary is kept in status until a new one starts.
+    """
+    if canary is None:
+        return CanaryJudgement(state=previous)
+    if previous is None or previous.revision != canary:
+        if not canary_ready:
+            return CanaryJudgement(state=previous)
+        previous = AnalysisStatus(revision=canary, started_at=now.strftime(RFC3339))
+    if previous.outcome in (Outcome.PROMOTE, Outcome.ROLLBACK):
+        return CanaryJudgement(state=previous, outcome=Outcome(previous.outcome))
+    criteria = criteria_from(settings)
+    started = datetime.strptime(previous.started_at, RFC3339).replace(tzinfo=UTC)
+    number = interval_number(
+        started.timestamp(), now.timestamp(), duration_seconds(settings.interval)
+    )
+    if number <= previous.last_interval:
+        return CanaryJudgement(state=previous, outcome=_standing(_as_state(previous), criteria))
+    measured = measurements.get(canary) or Measurement(error="the canary was not measured")
+    verdict = judge_interval(
+        measured, measurements.get(stable) if stable else None, stable_has_draft, criteria
+    )
+    state, outcome = advance(_as_state(previous), number, verdict, criteria)
+    return CanaryJudgement(
+        state=previous.model_copy(
+            update={
+                "last_interval": state.last_interval,
+                "passes_in_a_row": state.passes_in_a_row,
+                "failures": state.failures,
+                "inconclusive_in_a_row": state.inconclusive_in_a_row,
+                "outcome": str(outcome),
+                "message": verdict.message,
+            }
+        ),
+        outcome=outcome,
+        verdict=verdict,
+        measured=measured,
+    )

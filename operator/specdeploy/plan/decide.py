@@ -12,11 +12,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from specdeploy.api import labels
+from specdeploy.api.conditions import Reason, RevisionPhase
 from specdeploy.api.config import OperatorConfig
-from specdeploy.api.models import ModelShape, SizingDecision, SpeculativeDeployment
+from specdeploy.api.models import (
+    ModelShape,
+    SizingDecision,
+    SpeculationStatus,
+    SpeculativeDeployment,
+    SpeculativeDeploymentSpec,
+    SpeculativeDeploymentStatus,
+)
+from specdeploy.plan.analysis import (
+    RFC3339,
+    CanaryJudgement,
+    Measurement,
+    Outcome,
+    Result,
+    duration_seconds,
+    judge_canary,
+)
 from specdeploy.plan.children import (
     build_pod_monitor,
     build_revision_deployment,
@@ -25,6 +43,7 @@ from specdeploy.plan.children import (
     deployment_from_record,
     pod_selector,
 )
+from specdeploy.plan.collapse import RESUME_ANNOTATION, watch_collapse
 from specdeploy.plan.drift import decide_apply, drift_event, with_applied_hash
 from specdeploy.plan.gpu_catalog import GpuProduct, read_gpu_inventories
 from specdeploy.plan.pair_check import judge_pair
@@ -36,8 +55,9 @@ from specdeploy.plan.rollout import (
     RolloutPlan,
     plan_rollout,
     read_revision_deployment,
+    resolve_stable,
 )
-from specdeploy.plan.sizing import ShapeUnknown, size_pair
+from specdeploy.plan.sizing import ShapeUnknown, Unschedulable, size_pair
 from specdeploy.plan.speculation import decide_speculation, served_spec
 from specdeploy.plan.status import (
     ObservedRollout,
@@ -66,6 +86,8 @@ class Snapshot:
     local_queue: Mapping[str, Any] | None
     #: Shapes of models neither the spec nor the catalog describes, read from their config.json.
     fetched_shapes: Mapping[str, ModelShape] = field(default_factory=dict)
+    #: What Prometheus measured of each revision with ready pods (when it is read at all).
+    measurements: Mapping[str, Measurement] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -86,18 +108,19 @@ class Decision:
     events: tuple[RolloutEvent, ...] = ()
     #: Why the pair could not be sized, when a model's shape is unknown (for the log).
     shape_unknown: str | None = None
+    #: The serving revision's acceptance rate as the status now holds it (for /metrics).
+    acceptance_rate: float | None = None
 
 
 def _owned_revision(obj: Mapping[str, Any]) -> str | None:
     return ((obj.get("metadata") or {}).get("labels") or {}).get(labels.REVISION)
 
 
-def _desired_ready(
-    desired_revision: str | None, revisions: Sequence[RevisionDeployment], replicas: int
-) -> bool:
-    """Whether every pod the spec asks of the desired revision is ready."""
+def _desired_ready(desired_revision: str | None, revisions: Sequence[RevisionDeployment]) -> bool:
+    """Whether the desired revision has pods and all of them are ready (its launcher then
+    accepted the pair)."""
     desired = next((r for r in revisions if r.revision == desired_revision), None)
-    return desired is not None and desired.replicas == replicas and desired.fully_ready
+    return desired is not None and desired.replicas > 0 and desired.fully_ready
 
 
 def _record_for(
@@ -114,40 +137,172 @@ def _record_for(
     return record, current is not None
 
 
+def _served_before(
+    status: SpeculativeDeploymentStatus | None,
+    revisions: Sequence[RevisionDeployment],
+    pair_revision: str,
+) -> str | None:
+    """The newest revision that served before `pair_revision` and whose Deployment is kept."""
+    if status is None:
+        return None
+    kept = {r.revision for r in revisions}
+    recorded = [r.revision for r in status.revisions]
+    before = recorded[: recorded.index(pair_revision)] if pair_revision in recorded else recorded
+    candidates = [
+        r
+        for r in status.revisions
+        if r.revision in before
+        and r.revision in kept
+        and r.phase in (RevisionPhase.SUPERSEDED, RevisionPhase.STABLE)
+    ]
+    return candidates[-1].revision if candidates else None
+
+
+def watches_acceptance(spec: SpeculativeDeploymentSpec) -> bool:
+    """Whether the SD needs its revisions measured: a canary analysis or a collapse guard."""
+    return analysed(spec) or spec.rollout.collapse_guard is not None
+
+
+def analysed(spec: SpeculativeDeploymentSpec) -> bool:
+    """Whether a new pair is a canary judged by its measurements (spec.rollout.canary or
+    .analysis set), rather than replacing the stable one as soon as it is ready."""
+    return spec.rollout.canary is not None or spec.rollout.analysis is not None
+
+
+def _canary_ready(
+    desired_revision: str | None, revisions: Sequence[RevisionDeployment], canary_replicas: int
+) -> bool:
+    """Whether the desired revision has all its canary pods ready (its analysis may start)."""
+    desired = next((r for r in revisions if r.revision == desired_revision), None)
+    return (
+        desired is not None
+        and desired.observed
+        and desired.replicas >= canary_replicas
+        and desired.ready_replicas >= canary_replicas
+    )
+
+
+def _rolled_back(status: SpeculativeDeploymentStatus | None) -> frozenset[str]:
+    """Revisions an analysis rolled back: never tried again until the spec names another pair."""
+    if status is None:
+        return frozenset()
+    return frozenset(
+        r.revision
+        for r in status.revisions
+        if r.phase == RevisionPhase.FAILED and any(v.result == "Fail" for v in r.verdicts)
+    )
+
+
 def decide(
     snapshot: Snapshot,
     config: OperatorConfig,
     catalog: Sequence[GpuProduct],
-    now: str,
+    now: datetime,
 ) -> Decision:
     """Everything the reconcile does about one SD, decided from `snapshot` alone."""
     sd = SpeculativeDeployment.from_body(dict(snapshot.body))
     spec = sd.spec
-
-    speculation = decide_speculation(spec, config)
-    served = sd.model_copy(update={"spec": served_spec(spec, speculation)})
+    stamp = now.strftime(RFC3339)
+    status = sd.status
+    settings = config.analysis_for(spec.rollout.analysis)
     inventory = read_gpu_inventories(snapshot.nodes, catalog)
-    sized = size_pair(served.spec, inventory, config, catalog, snapshot.fetched_shapes)
+
+    def serve(
+        speculation: SpeculationStatus,
+    ) -> tuple[SpeculativeDeployment, SizingDecision | ShapeUnknown | Unschedulable, str | None]:
+        served = sd.model_copy(update={"spec": served_spec(spec, speculation)})
+        sized = size_pair(served.spec, inventory, config, catalog, snapshot.fetched_shapes)
+        revision = (
+            revision_hash(served.spec, sized, config) if isinstance(sized, SizingDecision) else None
+        )
+        return served, sized, revision
+
+    # The pair the spec names, and the collapse guard watching it while it serves.
+    speculation = decide_speculation(spec, config)
+    served, sized, desired_revision = serve(speculation)
+    pair_revision = desired_revision if speculation.state == "On" else None
+    recorded_stable = status.stable_revision if status else None
+    guard = watch_collapse(
+        status.collapse if status else None,
+        guard=spec.rollout.collapse_guard,
+        pair_revision=pair_revision,
+        serving=pair_revision is not None and recorded_stable == pair_revision,
+        measured=snapshot.measurements.get(pair_revision or ""),
+        min_draft_tokens=settings.min_draft_tokens,
+        resume=sd.metadata.annotations.get(RESUME_ANNOTATION),
+        now=now,
+    )
+    action = guard.state.action if guard.fired and guard.state is not None else None
+    if action == "DisableSpeculation" and guard.state is not None:
+        speculation = decide_speculation(spec, config, collapsed=True).model_copy(
+            update={"message": f"{guard.state.message}; resume: see status.collapse"}
+        )
+        served, sized, desired_revision = serve(speculation)
     sizing = sized if isinstance(sized, SizingDecision) else None
-    desired_revision = revision_hash(served.spec, sizing, config) if sizing is not None else None
 
     found = (read_revision_deployment(d) for d in snapshot.deployments)
     revisions = [r for r in found if r is not None]
     has_draft = served.spec.pair.draft.method != "none"
     pair = judge_pair(
         desired_revision,
-        _desired_ready(desired_revision, revisions, spec.replicas),
+        _desired_ready(desired_revision, revisions),
         has_draft,
         snapshot.pods,
         sd.status,
     )
+
+    # RollbackToPrevious: the pair that collapsed stops, the revision that served before it
+    # serves again (with no such revision left, the guard only alerts).
+    refused = pair.refused | (_rolled_back(status) & {desired_revision})
+    if action == "RollbackToPrevious" and pair_revision is not None:
+        previous = _served_before(status, revisions, pair_revision)
+        if previous is not None:
+            refused = refused | {pair_revision}
+            recorded_stable = previous
+
+    # The canary and its analysis (spec.rollout set): judged before the plan, whose input the
+    # outcome is. A revision rolled back stays at zero until the spec names another pair. The
+    # collapse guard's fallback is not a canary: it replaces the collapsed pair once ready.
+    stable = resolve_stable(recorded_stable, revisions, desired_revision)
+    rollout = spec.rollout
+    canary_replicas = (
+        (rollout.canary.replicas if rollout.canary else 1)
+        if analysed(spec) and action != "DisableSpeculation"
+        else None
+    )
+    canary = (
+        desired_revision
+        if canary_replicas is not None
+        and stable is not None
+        and desired_revision not in (None, stable)
+        and desired_revision not in refused
+        else None
+    )
+    stable_record = next((r for r in revisions if r.revision == stable), None)
+    judgement = judge_canary(
+        status.analysis if status else None,
+        canary=canary,
+        canary_ready=canary is not None and _canary_ready(canary, revisions, canary_replicas or 1),
+        stable=stable,
+        stable_has_draft=bool(
+            stable_record
+            and (stable_record.pair.get("draft") or {}).get("method") not in (None, "none")
+        ),
+        measurements=snapshot.measurements,
+        settings=settings,
+        now=now,
+    )
+    if judgement.outcome == Outcome.ROLLBACK and canary is not None:
+        refused = refused | {canary}
     plan = plan_rollout(
         desired_revision,
         revisions,
         spec.replicas,
-        sd.status.stable_revision if sd.status else None,
+        recorded_stable,
         spec.revision_history_limit,
-        held=pair.refused,
+        held=refused,
+        canary_replicas=canary_replicas,
+        promoted=judgement.outcome == Outcome.PROMOTE,
     )
 
     children = _children(
@@ -174,12 +329,18 @@ def decide(
         admission=admission,
         selector=pod_selector(sd),
         pair=pair,
+        canary=judgement,
+        measurements=snapshot.measurements,
+        figures_every_seconds=duration_seconds(settings.interval),
+        collapse=guard,
     )
-    desired_status = build_status(sd, seen, now)
+    desired_status = build_status(sd, seen, stamp)
     current_status = snapshot.body.get("status") or {}
     events = (
         *plan.events,
+        *_analysis_events(judgement, canary, stable),
         *pair.events,
+        *guard.events,
         *children.events,
         *condition_events(current_status.get("conditions") or [], desired_status["conditions"]),
     )
@@ -192,7 +353,50 @@ def decide(
         status_patch=status_patch(current_status, desired_status),
         events=events,
         shape_unknown=sized.message if isinstance(sized, ShapeUnknown) else None,
+        acceptance_rate=desired_status.get("acceptanceRate"),
     )
+
+
+_VERDICT_REASONS = {
+    Result.PASS: Reason.ANALYSIS_PASSED,
+    Result.FAIL: Reason.ANALYSIS_FAILED,
+    Result.INCONCLUSIVE: Reason.ANALYSIS_INCONCLUSIVE,
+}
+
+
+def _analysis_events(
+    judgement: CanaryJudgement, canary: str | None, stable: str | None
+) -> list[RolloutEvent]:
+    """An Event per verdict counted, and one when the verdicts promote or roll back."""
+    verdict, state = judgement.verdict, judgement.state
+    if verdict is None or state is None or canary is None:
+        return []
+    counts = f"{state.passes_in_a_row} passes in a row, {state.failures} failures"
+    events = [
+        RolloutEvent(
+            _VERDICT_REASONS[verdict.result],
+            f"canary {canary}: {verdict.message} ({counts})",
+            warning=verdict.result == Result.FAIL,
+        )
+    ]
+    if judgement.outcome == Outcome.PROMOTE:
+        events.append(
+            RolloutEvent(
+                Reason.CANARY_PROMOTED,
+                f"canary {canary} promoted after {state.passes_in_a_row} passing verdicts; "
+                f"it scales up and replaces revision {stable}",
+            )
+        )
+    elif judgement.outcome == Outcome.ROLLBACK:
+        events.append(
+            RolloutEvent(
+                Reason.ROLLED_BACK,
+                f"canary {canary} rolled back: {verdict.message}, {state.failures} failed "
+                f"verdicts; revision {stable} keeps serving",
+                warning=True,
+            )
+        )
+    return events
 
 
 @dataclass(frozen=True)

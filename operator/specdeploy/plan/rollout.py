@@ -88,6 +88,21 @@ class RolloutPlan:
     stable_revision: str | None
     desired_ready: bool
     events: tuple[RolloutEvent, ...] = ()
+    #: The desired revision runs as a canary beside the stable one, waiting for its analysis.
+    canary: bool = False
+
+
+def resolve_stable(
+    stable_revision: str | None,
+    existing: Sequence[RevisionDeployment],
+    desired_revision: str | None,
+) -> str | None:
+    """The stable revision: the one status names while its Deployment exists, else (status lost
+    track, or never had one) the other revision serving the most ready pods."""
+    if stable_revision in {d.revision for d in existing}:
+        return stable_revision
+    serving = [d for d in existing if d.ready_replicas > 0 and d.revision != desired_revision]
+    return max(serving, key=lambda d: (d.ready_replicas, d.created)).revision if serving else None
 
 
 def plan_rollout(
@@ -98,6 +113,8 @@ def plan_rollout(
     history_limit: int,
     *,
     held: frozenset[str] = frozenset(),
+    canary_replicas: int | None = None,
+    promoted: bool = False,
 ) -> RolloutPlan:
     """Decides the replicas of every revision Deployment.
 
@@ -107,32 +124,44 @@ def plan_rollout(
     - Until then the stable revision keeps serving `spec_replicas` pods and every other revision
       (say, an earlier attempt that never got ready) goes to 0.
     - Zero-replica revisions beyond `history_limit`, oldest first, are deleted.
-    - Revisions in `held` (refused by the engine launcher) stay at zero, never crash-looping,
-      unless one is the stable revision.
+    - Revisions in `held` (refused by the engine launcher, or rolled back by the analysis) stay
+      at zero, never crash-looping, unless one is the stable revision.
+    - With `canary_replicas` (spec.rollout set), a desired revision beside a stable one is a
+      canary: it runs `canary_replicas` pods while the stable keeps `spec_replicas`, until its
+      analysis promotes it (`promoted`); then it scales to `spec_replicas` and, once all are
+      ready, becomes stable. The first revision of an SD has nothing to be compared with and
+      is promoted when ready.
     """
     by_revision = {d.revision: d for d in existing}
     desired = by_revision.get(desired_revision) if desired_revision else None
     events: list[RolloutEvent] = []
     create = desired_revision is not None and desired is None
+    stable_revision = resolve_stable(stable_revision, existing, desired_revision)
+    canary = (
+        canary_replicas is not None
+        and desired_revision is not None
+        and stable_revision is not None
+        and stable_revision != desired_revision
+        and not promoted
+    )
     if create:
-        beside = f" alongside revision {stable_revision}" if stable_revision in by_revision else ""
+        beside = f" alongside revision {stable_revision}" if stable_revision else ""
+        what = f" as a canary ({canary_replicas} pods)" if canary else ""
         events.append(
-            RolloutEvent(Reason.NEW_REVISION, f"created revision {desired_revision}{beside}")
-        )
-
-    if stable_revision not in by_revision:
-        # The status lost track (or never had one): the revision serving the most ready pods.
-        serving = [d for d in existing if d.ready_replicas > 0 and d.revision != desired_revision]
-        stable_revision = (
-            max(serving, key=lambda d: (d.ready_replicas, d.created)).revision if serving else None
+            RolloutEvent(Reason.NEW_REVISION, f"created revision {desired_revision}{what}{beside}")
         )
 
     desired_ready = (
-        desired is not None and desired.replicas == spec_replicas and (desired.fully_ready)
+        not canary
+        and desired is not None
+        and desired.replicas == spec_replicas
+        and desired.fully_ready
     )
     replicas: dict[str, int] = {}
     if desired_revision is not None:
-        replicas[desired_revision] = spec_replicas
+        replicas[desired_revision] = (
+            canary_replicas if canary and canary_replicas is not None else spec_replicas
+        )
     if desired_ready:
         if stable_revision != desired_revision:
             then = f"; revision {stable_revision} scales to zero" if stable_revision else ""
@@ -178,6 +207,7 @@ def plan_rollout(
         stable_revision=stable_revision,
         desired_ready=desired_ready,
         events=tuple(events),
+        canary=canary,
     )
 
 

@@ -8,12 +8,14 @@ while a stable revision serves (Failed when none does).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from specdeploy.api.conditions import ConditionType, Phase, Reason, RevisionPhase
 from specdeploy.api.contract import EXIT_PAIR_INCOMPATIBLE
 from specdeploy.api.models import (
+    AnalysisStatus,
     RevisionDraft,
     RevisionStatus,
     RevisionTarget,
@@ -21,7 +23,10 @@ from specdeploy.api.models import (
     SpeculationStatus,
     SpeculativeDeployment,
     SpeculativeDeploymentStatus,
+    Verdict,
 )
+from specdeploy.plan.analysis import RFC3339, CanaryJudgement, Measurement, Outcome
+from specdeploy.plan.collapse import GuardVerdict
 from specdeploy.plan.conditions import ConditionUpdate, set_conditions
 from specdeploy.plan.pair_check import PairVerdict
 from specdeploy.plan.rollout import RevisionDeployment, RolloutEvent, RolloutPlan
@@ -71,6 +76,31 @@ class ObservedRollout:
     admission: ConditionUpdate
     selector: str
     pair: PairVerdict
+    canary: CanaryJudgement = field(default_factory=lambda: CanaryJudgement(state=None))
+    measurements: Mapping[str, Measurement] = field(default_factory=dict)
+    #: How often the serving figures (acceptance rate, mean acceptance length) are refreshed.
+    figures_every_seconds: float = 60.0
+    collapse: GuardVerdict = field(default_factory=lambda: GuardVerdict(state=None))
+
+    @property
+    def analysis(self) -> AnalysisStatus | None:
+        """The analysis of the desired revision, if it has one."""
+        state = self.canary.state
+        return state if state is not None and state.revision == self.desired_revision else None
+
+    @property
+    def rolled_back(self) -> bool:
+        """The desired revision was rolled back by its analysis."""
+        return self.analysis is not None and self.analysis.outcome == Outcome.ROLLBACK
+
+
+def _rollback_detail(seen: ObservedRollout) -> str:
+    analysis = seen.analysis
+    stable = seen.plan.stable_revision
+    serving = f"; revision {stable} keeps serving" if stable else ""
+    why = analysis.message if analysis is not None else ""
+    failures = f", {analysis.failures} failed verdicts" if analysis is not None else ""
+    return f"revision {seen.desired_revision} rolled back: {why}{failures}{serving}"
 
 
 def _refused_desired(seen: ObservedRollout) -> bool:
@@ -107,6 +137,10 @@ def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> Condition
             "True",
             Reason.ALL_REPLICAS_READY,
             f"{replicas}/{replicas} pods of revision {seen.desired_revision} ready",
+        )
+    if seen.rolled_back:
+        return ConditionUpdate(
+            ConditionType.READY, "False", Reason.ROLLED_BACK, _rollback_detail(seen)
         )
     problem = seen.pair.desired_problem
     if problem is not None and _refused_desired(seen):
@@ -152,6 +186,26 @@ def _progressing_update(seen: ObservedRollout) -> ConditionUpdate:
         return ConditionUpdate(
             ConditionType.PROGRESSING, "False", Reason.PAIR_INCOMPATIBLE, _refusal_detail(seen)
         )
+    if seen.rolled_back:
+        return ConditionUpdate(
+            ConditionType.PROGRESSING, "False", Reason.ROLLED_BACK, _rollback_detail(seen)
+        )
+    analysis = seen.analysis
+    if seen.plan.canary and analysis is not None:
+        reason = (
+            Reason.ANALYSIS_INCONCLUSIVE
+            if analysis.outcome == Outcome.HOLD
+            else Reason.CANARY_ANALYSING
+        )
+        held = "holding: " if analysis.outcome == Outcome.HOLD else ""
+        return ConditionUpdate(
+            ConditionType.PROGRESSING,
+            "True",
+            reason,
+            f"canary {seen.desired_revision} beside revision {seen.plan.stable_revision}: "
+            f"{analysis.passes_in_a_row} passes in a row, {analysis.failures} failures; "
+            f"{held}{analysis.message or 'first verdict after one interval'}",
+        )
     serving = seen.plan.stable_revision
     beside = f" alongside revision {serving}" if serving else ""
     return ConditionUpdate(
@@ -165,6 +219,10 @@ def _progressing_update(seen: ObservedRollout) -> ConditionUpdate:
 def _phase(ready: ConditionUpdate, seen: ObservedRollout) -> str:
     if ready.status == "True":
         return Phase.SERVING
+    if seen.rolled_back:
+        return Phase.ROLLED_BACK
+    if seen.plan.canary and seen.analysis is not None:
+        return Phase.CANARY
     if _refused_desired(seen):
         stable = seen.plan.stable_revision
         return Phase.DEGRADED if stable and stable != seen.desired_revision else Phase.FAILED
@@ -176,11 +234,13 @@ def _phase(ready: ConditionUpdate, seen: ObservedRollout) -> str:
 
 
 def _revision_history(
-    seen: ObservedRollout, history_limit: int, recorded: Sequence[RevisionStatus]
+    seen: ObservedRollout, history_limit: int, recorded: Sequence[RevisionStatus], now: str
 ) -> list[RevisionStatus]:
-    refused = seen.pair.refused
-    """One record per revision Deployment, oldest first; a revision the launcher refused is
-    Failed; verdicts and a Failed phase written earlier are kept."""
+    """One record per revision Deployment, oldest first; a revision the launcher refused or the
+    analysis rolled back is Failed; the verdict counted now is added to the canary's record;
+    verdicts and a Failed phase written earlier are kept."""
+    refused = seen.pair.refused | ({seen.desired_revision} if seen.rolled_back else set())
+    verdict = _verdict_record(seen, now)
     earlier = {r.revision: r for r in recorded}
     records: list[RevisionStatus] = []
     for revision in sorted(seen.revisions, key=lambda r: (r.created, r.name)):
@@ -190,7 +250,7 @@ def _revision_history(
         if revision.revision == seen.plan.stable_revision:
             phase = RevisionPhase.STABLE
         elif revision.revision == seen.desired_revision:
-            phase = RevisionPhase.PENDING
+            phase = RevisionPhase.CANARY if seen.plan.canary else RevisionPhase.PENDING
         else:
             phase = RevisionPhase.SUPERSEDED
         before = earlier.get(revision.revision)
@@ -212,10 +272,82 @@ def _revision_history(
                 ),
                 phase=phase,
                 created_at=revision.created or None,
-                verdicts=before.verdicts if before is not None else [],
+                verdicts=[
+                    *(before.verdicts if before is not None else []),
+                    *([verdict] if verdict and revision.revision == seen.desired_revision else []),
+                ][-VERDICTS_KEPT:],
             )
         )
     return records[-(history_limit + 1) :]
+
+
+# Verdicts kept per revision in status.revisions (the newest).
+VERDICTS_KEPT = 10
+
+
+def _verdict_record(seen: ObservedRollout, now: str) -> Verdict | None:
+    judged, measured = seen.canary.verdict, seen.canary.measured
+    if judged is None or measured is None or seen.analysis is None:
+        return None
+    return Verdict(
+        time=now,
+        acceptance_rate=_rounded(measured.acceptance_rate),
+        mean_acceptance_length=_rounded(measured.mean_acceptance_length),
+        draft_tokens=int(measured.draft_tokens),
+        inter_token_latency_seconds=_rounded(measured.inter_token_latency_p50, 4),
+        result=judged.result.value,
+        message=judged.message,
+    )
+
+
+def _rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _serving_figures(
+    seen: ObservedRollout, current: SpeculativeDeploymentStatus, now: str
+) -> tuple[float | None, float | None, str | None]:
+    """(acceptance rate, mean acceptance length, when they last changed) of the stable revision,
+    refreshed at most once per `figures_every_seconds`, and only when they changed, so steady
+    traffic is not a status write on every reconcile."""
+    kept = (current.acceptance_rate, current.mean_acceptance_length, current.measured_at)
+    measured = seen.measurements.get(seen.plan.stable_revision or "")
+    if measured is None or measured.error is not None:
+        return kept
+    figures = (_rounded(measured.acceptance_rate), _rounded(measured.mean_acceptance_length))
+    if figures == kept[:2]:
+        return kept
+    if current.measured_at is not None:
+        age = _seconds_between(current.measured_at, now)
+        if age < seen.figures_every_seconds:
+            return kept
+    return (*figures, now)
+
+
+def _seconds_between(earlier: str, later: str) -> float:
+    start = datetime.strptime(earlier, RFC3339).replace(tzinfo=UTC)
+    end = datetime.strptime(later, RFC3339).replace(tzinfo=UTC)
+    return (end - start).total_seconds()
+
+
+def _degraded_update(seen: ObservedRollout) -> ConditionUpdate:
+    collapse = seen.collapse.state
+    if seen.collapse.fired and collapse is not None:
+        return ConditionUpdate(
+            ConditionType.DEGRADED,
+            "True",
+            Reason.ACCEPTANCE_COLLAPSED,
+            f"{collapse.message}; {collapse.action}",
+        )
+    if seen.rolled_back:
+        return ConditionUpdate(
+            ConditionType.DEGRADED, "True", Reason.ROLLED_BACK, _rollback_detail(seen)
+        )
+    if _refused_desired(seen):
+        return ConditionUpdate(
+            ConditionType.DEGRADED, "True", Reason.PAIR_INCOMPATIBLE, _refusal_detail(seen)
+        )
+    return ConditionUpdate(ConditionType.DEGRADED, "False", Reason.HEALTHY, "")
 
 
 def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> dict[str, Any]:
@@ -241,18 +373,35 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
     )
     conditions = set_conditions(
         current.conditions,
-        [ready, _progressing_update(seen), sized, seen.admission, speculating, seen.pair.condition],
+        [
+            ready,
+            _progressing_update(seen),
+            _degraded_update(seen),
+            sized,
+            seen.admission,
+            speculating,
+            seen.pair.condition,
+        ],
         generation,
         now,
     )
     pods = sum(r.pods for r in seen.revisions)
     ready_pods = sum(r.ready_replicas for r in seen.revisions)
+    acceptance, length, measured_at = _serving_figures(seen, current, now)
     status = SpeculativeDeploymentStatus(
         observed_generation=generation,
         phase=_phase(ready, seen),
         conditions=conditions,
         stable_revision=seen.plan.stable_revision,
-        revisions=_revision_history(seen, sd.spec.revision_history_limit, current.revisions),
+        canary_revision=(
+            seen.desired_revision if seen.plan.canary and not seen.rolled_back else None
+        ),
+        analysis=seen.canary.state,
+        collapse=seen.collapse.state,
+        acceptance_rate=acceptance,
+        mean_acceptance_length=length,
+        measured_at=measured_at,
+        revisions=_revision_history(seen, sd.spec.revision_history_limit, current.revisions, now),
         speculation=seen.speculation,
         sizing=seen.sizing,
         replicas=pods,
@@ -265,6 +414,12 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
         "phase",
         "conditions",
         "stableRevision",
+        "canaryRevision",
+        "analysis",
+        "collapse",
+        "acceptanceRate",
+        "meanAcceptanceLength",
+        "measuredAt",
         "revisions",
         "speculation",
         "sizing",

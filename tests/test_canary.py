@@ -1,0 +1,260 @@
+"""The canary through the reconcile: the in-memory API, a scripted clock and measurements."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from fake_kube import FakeKube
+from specdeploy.api.config import OperatorConfig
+from specdeploy.handlers.reconcile import Reconciler
+from specdeploy.plan.analysis import Measurement
+from test_reconcile import NODES, sd_body
+
+GOOD = Measurement(acceptance_rate=0.8, mean_acceptance_length=3.2, draft_tokens=2412)
+BAD = Measurement(acceptance_rate=0.08, mean_acceptance_length=1.2, draft_tokens=2412)
+NOTHING = Measurement(draft_tokens=0)
+ANALYSIS = {"interval": "10s", "minDraftTokens": 100, "failureLimit": 2, "promoteAfter": 2}
+
+
+class World:
+    """One SD on the fake API, a clock the test moves and what Prometheus 'measures'."""
+
+    def __init__(self) -> None:
+        self.kube = FakeKube(NODES)
+        body = sd_body("r1", replicas=2)
+        body["spec"]["rollout"] = {"canary": {"replicas": 1}, "analysis": dict(ANALYSIS)}
+        self.kube.objects[("SpeculativeDeployment", "ns", "chat")] = body
+        self.now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+        self.measured: dict[str, Measurement] = {}
+        self.events: list[tuple[str, str, str]] = []
+        self.reconciler = self.restart()
+
+    def restart(self) -> Reconciler:
+        """A new operator process: nothing kept in memory."""
+        self.reconciler = Reconciler(
+            self.kube,  # type: ignore[arg-type]
+            OperatorConfig(),
+            lambda _b, type_, reason, message: self.events.append((type_, reason, message)),
+            measure=lambda _ns, revision, _window: self.measured.get(revision, NOTHING),
+            clock=lambda: self.now,
+        )
+        return self.reconciler
+
+    def step(self, seconds: float = 0) -> None:
+        self.now += timedelta(seconds=seconds)
+        self.reconciler.reconcile("ns", "chat")
+        self.kube.make_ready()
+        self.reconciler.reconcile("ns", "chat")
+
+    @property
+    def status(self) -> dict[str, Any]:
+        found: dict[str, Any] = self.kube.objects[("SpeculativeDeployment", "ns", "chat")]["status"]
+        return found
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        return next(c for c in self.status["conditions"] if c["type"] == type_)
+
+    def new_draft(self, revision: str) -> tuple[str, str]:
+        """Changes the draft; returns (stable, canary) revision names."""
+        stable = self.status["stableRevision"]
+        sd = self.kube.objects[("SpeculativeDeployment", "ns", "chat")]
+        sd["spec"]["pair"]["draft"]["revision"] = revision
+        sd["metadata"]["generation"] += 1
+        self.step()
+        canary = self.status["canaryRevision"]
+        return stable, canary
+
+    def replicas(self) -> dict[str, int]:
+        return {n.removeprefix("chat-"): r for n, r in self.kube.deployments().items()}
+
+
+def started() -> World:
+    world = World()
+    world.step()
+    assert world.status["phase"] == "Serving", "the first revision is promoted when ready"
+    assert world.status.get("canaryRevision") is None
+    return world
+
+
+def test_a_good_canary_runs_beside_the_stable_then_is_promoted() -> None:
+    world = started()
+    stable, canary = world.new_draft("r2")
+    assert world.replicas() == {stable: 2, canary: 1}
+    assert world.status["phase"] == "Canary"
+    world.measured = {stable: GOOD, canary: GOOD}
+
+    world.step(10)
+    assert world.status["analysis"]["passesInARow"] == 1
+    assert world.replicas() == {stable: 2, canary: 1}, "one pass is not enough"
+    world.step(10)
+    assert world.status["analysis"]["outcome"] == "Promote"
+    world.step()
+    assert world.status["stableRevision"] == canary
+    assert world.replicas() == {stable: 0, canary: 2}
+    assert world.condition("Ready")["status"] == "True"
+    reasons = [reason for _, reason, _ in world.events]
+    assert reasons.count("AnalysisPassed") == 2
+    assert "CanaryPromoted" in reasons
+    [record] = [r for r in world.status["revisions"] if r["revision"] == canary]
+    assert [v["result"] for v in record["verdicts"]] == ["Pass", "Pass"]
+    assert record["verdicts"][0]["draftTokens"] == 2412
+
+
+def test_a_bad_canary_is_rolled_back_the_stable_keeps_serving_and_it_is_not_retried() -> None:
+    world = started()
+    stable, canary = world.new_draft("r2")
+    world.measured = {stable: GOOD, canary: BAD}
+    world.step(10)
+    assert world.replicas() == {stable: 2, canary: 1}, "one failure of two"
+    world.step(10)
+
+    assert world.replicas() == {stable: 2, canary: 0}
+    assert world.status["stableRevision"] == stable
+    assert world.status["phase"] == "RolledBack"
+    degraded = world.condition("Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "RolledBack")
+    assert "acceptance 0.08 < 0.60 over 2,412 draft tokens" in degraded["message"]
+    assert "2 failed verdicts" in degraded["message"]
+    phases = {r["revision"]: r["phase"] for r in world.status["revisions"]}
+    assert phases == {stable: "Stable", canary: "Failed"}
+    warnings = [(reason, message) for type_, reason, message in world.events if type_ == "Warning"]
+    assert [r for r, _ in warnings].count("AnalysisFailed") == 2
+    assert any(r == "RolledBack" and "keeps serving" in m for r, m in warnings)
+
+    # Steady: the failed pair stays at zero, nothing is written, even after a restart.
+    writes = world.kube.write_requests
+    world.restart()
+    world.step(60)
+    assert world.replicas() == {stable: 2, canary: 0}
+    assert world.kube.write_requests == writes
+
+    # A different pair in the spec moves on.
+    _, third = world.new_draft("r3")
+    assert third not in (stable, canary)
+    assert world.replicas()[third] == 1
+
+
+def test_missing_data_holds_and_never_promotes() -> None:
+    world = started()
+    stable, canary = world.new_draft("r2")
+    world.measured = {stable: GOOD}
+    for _ in range(5):
+        world.step(10)
+    assert world.replicas() == {stable: 2, canary: 1}
+    assert world.status["analysis"]["outcome"] == "Hold"
+    progressing = world.condition("Progressing")
+    assert progressing["reason"] == "AnalysisInconclusive"
+    assert "holding: 0 draft tokens in the window" in progressing["message"]
+
+    world.measured = {stable: GOOD, canary: GOOD}
+    world.step(10)
+    world.step(10)
+    assert world.status["stableRevision"] == canary
+
+
+def test_prometheus_down_is_inconclusive_not_a_failure() -> None:
+    world = started()
+    stable, canary = world.new_draft("r2")
+    world.measured = {canary: Measurement(error="connection refused"), stable: GOOD}
+    for _ in range(4):
+        world.step(10)
+    assert world.status["analysis"]["failures"] == 0
+    assert "metrics unavailable: connection refused" in world.condition("Progressing")["message"]
+    assert world.replicas() == {stable: 2, canary: 1}
+
+
+def test_a_restart_mid_canary_counts_no_interval_twice() -> None:
+    world = started()
+    stable, canary = world.new_draft("r2")
+    world.measured = {stable: GOOD, canary: BAD}
+    world.step(10)
+    assert world.status["analysis"]["failures"] == 1
+    for _ in range(3):
+        world.restart()
+        world.step(0)
+    assert world.status["analysis"]["failures"] == 1
+    assert world.replicas() == {stable: 2, canary: 1}
+
+
+def test_a_spec_change_mid_canary_starts_a_new_canary() -> None:
+    world = started()
+    stable, canary = world.new_draft("r2")
+    world.measured = {stable: GOOD, canary: BAD}
+    world.step(10)
+    _, other = world.new_draft("r3")
+    assert other != canary
+    assert world.replicas() == {stable: 2, canary: 0, other: 1}
+    # The new canary's analysis starts afresh: the old one's failure does not count.
+    assert world.status["analysis"]["revision"] == other
+    assert world.status["analysis"]["failures"] == 0
+    world.measured = {stable: GOOD, other: BAD}
+    world.step(10)
+    assert world.replicas() == {stable: 2, canary: 0, other: 1}, "one failure of two"
+
+
+def test_the_operator_counts_verdicts_promotions_and_rollbacks_on_its_metrics() -> None:
+    world = started()
+    stable, canary = world.new_draft("r2")
+    world.measured = {stable: GOOD, canary: BAD}
+    world.step(10)
+    world.step(10)
+    registry = world.reconciler.metrics.registry
+    assert registry.get_sample_value("specdeploy_analysis_verdicts_total", {"result": "Fail"}) == 2
+    assert registry.get_sample_value("specdeploy_canary_rollbacks_total") == 1
+    assert registry.get_sample_value("specdeploy_canary_promotions_total") == 0
+    assert registry.get_sample_value(
+        "specdeploy_acceptance_rate", {"namespace": "ns", "name": "chat"}
+    ) == pytest.approx(0.8)
+    assert (registry.get_sample_value("specdeploy_reconcile_duration_seconds_count") or 0) > 0
+
+
+def test_a_canary_that_never_gets_ready_is_never_judged_and_the_stable_serves() -> None:
+    world = started()
+    stable = world.status["stableRevision"]
+    sd = world.kube.objects[("SpeculativeDeployment", "ns", "chat")]
+    sd["spec"]["pair"]["draft"]["revision"] = "r2"
+    # Its pod never becomes ready (say, vLLM still loading): no analysis starts.
+    world.reconciler.reconcile("ns", "chat")
+    canary = world.status["canaryRevision"]
+    world.measured = {stable: GOOD}
+    for _ in range(5):
+        world.now += timedelta(seconds=10)
+        world.reconciler.reconcile("ns", "chat")
+    assert world.status.get("analysis") is None
+    assert world.replicas() == {stable: 2, canary: 1}
+    assert world.condition("Progressing")["reason"] == "NewRevision"
+    assert world.status["stableRevision"] == stable
+
+
+def test_canary_pods_short_of_quota_say_so() -> None:
+    world = started()
+    _, canary = world.new_draft("r2")
+    gated = {
+        "metadata": {
+            "name": f"chat-{canary}-x",
+            "labels": {"specdeploy.dev/name": "chat", "specdeploy.dev/revision": canary},
+        },
+        "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]},
+    }
+    workload = {
+        "metadata": {"ownerReferences": [{"kind": "Pod", "name": f"chat-{canary}-x"}]},
+        "status": {
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "message": "couldn't assign flavors to pod set main: insufficient unused "
+                    "quota for nvidia.com/mig-3g.40gb in flavor h100-mig, 1 more needed",
+                }
+            ]
+        },
+    }
+    world.kube.pods = [gated]
+    world.kube.workloads = [workload]
+    world.reconciler.reconcile("ns", "chat")
+    admitted = world.condition("Admitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", "WaitingForQuota")
+    assert "lacks 1 nvidia.com/mig-3g.40gb (flavor h100-mig)" in admitted["message"]
