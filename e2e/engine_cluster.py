@@ -36,6 +36,9 @@ ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    # vLLM's CPU build binds its OpenMP threads to core 0 by default ('auto' on a 2-core machine):
+    # two engines (a canary beside its stable) would then share one core and starve each other.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     # The engine venv does not install specdeploy: the launcher comes from the source tree.
     "PYTHONPATH": str(OPERATOR_SRC),
 }

@@ -1,0 +1,239 @@
+"""The canary with real engines: measured acceptance from the real Prometheus decides.
+
+The operator runs the tiny pair's pods as real launcher + CPU vLLM processes (process kubelet)
+with a 2 s timer; `CompletionLoad` sends completions to every serving pod, so Prometheus scrapes
+real spec-decode counters under each pod's revision label. The SD asks for a canary of one pod
+judged every 10 s. A bad draft (about 0 % accepted) is rolled back by itself while the stable
+pair keeps serving; a new revision of a good draft passes and is promoted. At most two engines
+run at once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_cluster import (
+    OperatorProcess,
+    apply_crds,
+    condition,
+    events_of,
+    get_sd,
+    operator_config,
+    revision_pods,
+    tiny_sd,
+)
+from engine_harness import engine_python, tiny_models
+from load import CompletionLoad
+from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+
+pytestmark = [pytest.mark.e2e, pytest.mark.engine]
+
+__all__ = ["engine_python", "tiny_models"]  # session fixtures used here
+
+SD = "canary"
+ENGINE_READY_S = 420
+INTERVAL_S = 10
+FAILURE_LIMIT = 2
+SCRAPE_S = 2  # the test bed's Prometheus scrape interval
+ANALYSIS = {
+    "interval": f"{INTERVAL_S}s",
+    "window": "20s",
+    "minDraftTokens": 60,
+    "minAcceptanceRate": 0.5,
+    "maxDropVsStable": 0.3,
+    # Two engines share two cores here: latency is too noisy for a 1.10 bound in this test.
+    "maxLatencyIncrease": 3.0,
+    "failureLimit": FAILURE_LIMIT,
+    "promoteAfter": 2,
+    "onInconclusive": "Hold",
+}
+
+
+def canary_sd(namespace: str, models: dict[str, str], draft: str, version: str) -> dict[str, Any]:
+    body = tiny_sd(SD, namespace, models, draft, version)
+    body["spec"]["rollout"] = {"canary": {"replicas": 1}, "analysis": dict(ANALYSIS)}
+    return body
+
+
+class Bed:
+    def __init__(
+        self, cluster: ClusterEnv, kubectl: Kubectl, namespace: str, models: dict[str, str]
+    ) -> None:
+        self.cluster = cluster
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.models = models
+
+    def sd(self) -> dict[str, Any]:
+        return get_sd(self.kubectl, self.namespace, SD)
+
+    def status(self) -> dict[str, Any]:
+        found: dict[str, Any] = self.sd().get("status") or {}
+        return found
+
+    def load(self) -> CompletionLoad:
+        return CompletionLoad(
+            self.kubectl,
+            self.namespace,
+            SD,
+            self.models["target"],
+            self.cluster,
+        )
+
+    def serving_revisions(self) -> set[str]:
+        """Revisions with a pod that is not being deleted."""
+        return {
+            p["metadata"]["labels"]["specdeploy.dev/revision"]
+            for p in revision_pods(self.kubectl, self.namespace, SD)
+            if not p["metadata"].get("deletionTimestamp")
+        }
+
+    def wait_serving(self, other_than: str | None = None) -> str:
+        def serving() -> str | None:
+            sd = self.sd()
+            stable = (sd.get("status") or {}).get("stableRevision")
+            ready = condition(sd, "Ready").get("status") == "True"
+            return stable if ready and stable and stable != other_than else None
+
+        found: str = eventually(serving, ENGINE_READY_S, f"SD {SD} Ready")
+        return found
+
+
+@pytest.fixture(scope="module")
+def bed(
+    cluster: ClusterEnv,
+    kubectl: Kubectl,
+    engine_python: Path,
+    tiny_models: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Bed]:
+    namespace = f"e2e-canary-{uuid.uuid4().hex[:5]}"
+    create_namespace_with_queues(kubectl, namespace)
+    apply_crds(kubectl)
+    config = operator_config(str(engine_python), cluster.prometheus_url, interval=2)
+    running = OperatorProcess(
+        cluster.kubeconfig, config, tmp_path_factory.mktemp("operator"), (namespace,)
+    )
+    running.start()
+    try:
+        yield Bed(cluster, kubectl, namespace, tiny_models)
+    finally:
+        kubectl.run(
+            "delete", "sd", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=100
+        )
+        running.stop()
+        kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
+        print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
+
+
+def test_a_bad_draft_is_rolled_back_by_itself_while_the_stable_pair_serves(bed: Bed) -> None:
+    bed.kubectl.apply([canary_sd(bed.namespace, bed.models, "draft-small", "1-small")])
+    stable = bed.wait_serving()
+    assert bed.status().get("canaryRevision") is None, "the first revision has no canary"
+
+    with bed.load() as load:
+        bed.kubectl.apply([canary_sd(bed.namespace, bed.models, "draft-bad", "2-bad")])
+
+        def canary_analysed() -> dict[str, Any] | None:
+            analysis = bed.status().get("analysis") or {}
+            return analysis if analysis.get("revision") not in (None, stable) else None
+
+        analysis = eventually(canary_analysed, ENGINE_READY_S, "the canary's analysis to start")
+        canary = analysis["revision"]
+        began = time.monotonic()
+
+        def only_stable_serves() -> bool:
+            status = bed.status()
+            rolled = (status.get("analysis") or {}).get("outcome") == "Rollback"
+            return rolled and bed.serving_revisions() == {stable}
+
+        eventually(only_stable_serves, 180, "the bad canary rolled back and its pod gone")
+        took = time.monotonic() - began
+        print(f"\nrollback: {took:.1f}s from the canary's first analysed moment; load {load.sent}")
+
+    bound = SCRAPE_S + INTERVAL_S * FAILURE_LIMIT + 30
+    assert took <= bound, f"rollback took {took:.1f}s, more than {bound}s"
+    assert load.sent[canary] > 0, "the canary served traffic"
+    status = bed.status()
+    assert status["stableRevision"] == stable
+    assert status["phase"] == "RolledBack"
+    degraded = condition(bed.sd(), "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "RolledBack")
+    assert "acceptance 0." in degraded["message"]
+    assert f"{FAILURE_LIMIT} failed verdicts" in degraded["message"]
+    [record] = [r for r in status["revisions"] if r["revision"] == canary]
+    assert record["phase"] == "Failed"
+    failed = [v for v in record["verdicts"] if v["result"] == "Fail"]
+    assert len(failed) == FAILURE_LIMIT
+    assert all(v["acceptanceRate"] < 0.5 and v["draftTokens"] >= 60 for v in failed), failed
+    reasons = [e["reason"] for e in events_of(bed.kubectl, bed.namespace, SD)]
+    assert "RolledBack" in reasons
+    # The spec still names the failed pair (the operator never rewrites it): nothing restarts.
+    deployments = {
+        d["metadata"]["name"]: d["spec"]["replicas"]
+        for d in bed.kubectl.get_json(
+            "deployments", "-n", bed.namespace, "-l", f"specdeploy.dev/name={SD}"
+        )["items"]
+    }
+    assert deployments[f"{SD}-{canary}"] == 0
+    assert deployments[f"{SD}-{stable}"] == 1
+
+
+def test_a_good_pair_passes_its_analysis_and_is_promoted(bed: Bed) -> None:
+    # From the state the previous test left (the draft-small pair serving beside a rolled-back
+    # canary, so not Ready), or afresh.
+    stable = bed.status().get("stableRevision")
+    if stable is None:
+        bed.kubectl.apply([canary_sd(bed.namespace, bed.models, "draft-small", "1-small")])
+        stable = bed.wait_serving()
+    with bed.load():
+        bed.kubectl.apply([canary_sd(bed.namespace, bed.models, "draft-small", "3-small")])
+        promoted = bed.wait_serving(other_than=stable)
+    status = bed.status()
+    [record] = [r for r in status["revisions"] if r["revision"] == promoted]
+    passes = [v for v in record["verdicts"] if v["result"] == "Pass"]
+    assert len(passes) >= 2, record["verdicts"]
+    assert status["analysis"]["outcome"] == "Promote"
+    assert status["acceptanceRate"] is None or status["acceptanceRate"] > 0.5
+    eventually(lambda: bed.serving_revisions() == {promoted}, 120, "only the promoted serves")
+    reasons = [e["reason"] for e in events_of(bed.kubectl, bed.namespace, SD)]
+    assert "CanaryPromoted" in reasons
+
+
+def test_a_collapsed_pair_falls_back_to_the_target_alone(bed: Bed) -> None:
+    # The serving pair, guarded by a floor above what draft-small reaches here (about 0.8): to
+    # the guard, its acceptance has collapsed. The tiny drafts accept about as well whatever
+    # the prompt, so the floor stands in for traffic the draft cannot predict.
+    body = canary_sd(bed.namespace, bed.models, "draft-small", "3-small")
+    body["spec"]["rollout"]["collapseGuard"] = {
+        "floor": 0.95,
+        "for": "10s",
+        "action": "DisableSpeculation",
+    }
+    bed.kubectl.apply([body])
+    pair = bed.wait_serving()
+    with bed.load() as load:
+        fallback = bed.wait_serving(other_than=pair)
+    status = bed.status()
+    speculation = status["speculation"]
+    assert (speculation["state"], speculation["reason"]) == ("Off", "DisabledAfterCollapse")
+    assert "< floor 0.95" in speculation["message"]
+    assert status["collapse"]["triggered"] is True
+    assert status["collapse"]["action"] == "DisableSpeculation"
+    degraded = condition(bed.sd(), "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "AcceptanceCollapsed")
+    [record] = [r for r in status["revisions"] if r["revision"] == fallback]
+    assert record["draft"]["method"] == "none"
+    assert load.sent[pair] > 0
+    eventually(lambda: bed.serving_revisions() == {fallback}, 120, "only the target alone serves")
+    for pod in revision_pods(bed.kubectl, bed.namespace, SD, fallback):
+        args = pod["spec"]["containers"][0]["args"]
+        assert "--speculative-config" not in args
+    reasons = [e["reason"] for e in events_of(bed.kubectl, bed.namespace, SD)]
+    assert "AcceptanceCollapsed" in reasons
