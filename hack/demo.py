@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""`make demo`: the operator serving a real pair on this machine's CPU, and refusing a bad one.
+"""`make demo`: the operator serving a real pair on this machine's CPU, refusing a mismatched one,
+rolling a bad draft back by its measured acceptance, and falling back when acceptance collapses.
 
     make demo          # installs what it needs, runs the steps, stops what it started
     KEEP=1 make demo   # leaves the cluster, the operator and the serving pair running
@@ -9,13 +10,14 @@ in local-process mode watching the namespace `specdeploy-demo`; apply the tiny t
 good draft (`draft-small`) and wait for Ready; send a completion and read the acceptance rate
 from Prometheus; then point the same SpeculativeDeployment at a draft trained for another
 target and show it refused (PairCompatible=False, a Warning Event) while the good pair keeps
-serving. Exits non-zero, naming the step, when one fails.
+serving; then, with completions flowing to every serving pod, a draft that is almost never
+accepted runs as a canary and is rolled back by its analysis; last, the collapse guard takes
+speculation off the good pair. Exits non-zero, naming the step, when one fails.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -46,6 +48,7 @@ from engine_harness import (  # noqa: E402
     build_tiny_models,
     engine_python_path,
 )
+from load import CompletionLoad  # noqa: E402
 from testbed import (  # noqa: E402
     ClusterEnv,
     Kubectl,
@@ -59,6 +62,20 @@ NAMESPACE = "specdeploy-demo"
 SD = "tiny-chat"
 GOOD_DRAFT = "draft-small"
 BAD_DRAFT = "eagle3-other-verifier"
+USELESS_DRAFT = "draft-bad"
+# A canary judged every 10 s on a 20 s window, rolled back at 2 failures, promoted at 2 passes.
+ROLLOUT = {
+    "canary": {"replicas": 1},
+    "analysis": {
+        "interval": "10s",
+        "window": "20s",
+        "minDraftTokens": 60,
+        "minAcceptanceRate": 0.5,
+        "maxLatencyIncrease": 3.0,
+        "failureLimit": 2,
+        "promoteAfter": 2,
+    },
+}
 RUN = REPO / ".run" / "demo"
 MAKE_OPERATOR_PID = REPO / ".run" / "operator.pid"
 KEEP = os.environ.get("KEEP") == "1"
@@ -154,10 +171,6 @@ def acceptance(prometheus_url: str, revision: str) -> tuple[float, float]:
     return accepted, draft
 
 
-def has_canary_analysis() -> bool:
-    return importlib.util.find_spec("specdeploy.plan.analysis") is not None
-
-
 def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
     with step("Tiny models (written on disk, never downloaded)"):
         python = engine_python_path()
@@ -181,8 +194,7 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
         say(f"engine command: {python} -m specdeploy.engine serve -- <vllm args>")
 
     with step(f"Apply the pair: tiny target + {GOOD_DRAFT} (draft_model, 3 speculative tokens)"):
-        body = tiny_sd(SD, NAMESPACE, models, GOOD_DRAFT, "1.0-small")
-        kubectl.apply([body])
+        kubectl.apply([demo_sd(models, GOOD_DRAFT, "1.0-small")])
         say(f"applied SpeculativeDeployment {NAMESPACE}/{SD}")
 
         def ready() -> dict[str, Any] | None:
@@ -228,11 +240,15 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
             f"accepted {accepted:.0f} of {draft:.0f} draft tokens: "
             f"acceptance rate {accepted / draft:.2f}"
         )
-        say("(the ACCEPTANCE column of `kubectl get sd` stays empty: the operator does not yet")
-        say(" write status.acceptanceRate; that comes with the canary analysis)")
+        wait_for(
+            lambda: get_sd(kubectl, NAMESPACE, SD)["status"].get("acceptanceRate"),
+            60,
+            "the operator's own reading in status.acceptanceRate",
+        )
+        show(kubectl, "get", "sd", "-n", NAMESPACE)
 
     with step(f"Apply a mismatched pair: the same target + {BAD_DRAFT}"):
-        kubectl.apply([tiny_sd(SD, NAMESPACE, models, BAD_DRAFT, "1.1-eagle3")])
+        kubectl.apply([demo_sd(models, BAD_DRAFT, "1.1-eagle3")])
         say("this EAGLE-3 head declares it was trained for specdeploy-tiny/other-target")
 
         def refused() -> dict[str, Any] | None:
@@ -278,13 +294,67 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
         answer = complete(url, models["target"], PROMPTS[1], max_tokens=16)
         say(f"completion from revision {stable}: {json.dumps(answer['choices'][0]['text'])}")
 
-    header("Not shown: automatic rollback on low measured acceptance")
-    if has_canary_analysis():
-        say("the operator has a canary analysis module, but this demo does not exercise it yet.")
-    else:
-        say("not built yet: judging a canary by its acceptance rate and rolling it back by itself")
-        say("belongs to the canary-analysis work. Today a new pair rolls forward once Ready,")
-        say("whatever its acceptance; the refusal above is the launcher's pair check.")
+    with step(f"A draft that is almost never accepted ({USELESS_DRAFT}) as a canary, under load"):
+        with CompletionLoad(kubectl, NAMESPACE, SD, models["target"], env) as load:
+            kubectl.apply([demo_sd(models, USELESS_DRAFT, "1.2-useless")])
+            say("the launcher passes this pair (it is made for this target): only its measured")
+            say("acceptance can tell; completions go to every serving pod meanwhile")
+
+            def rolled_back() -> dict[str, Any] | None:
+                sd = get_sd(kubectl, NAMESPACE, SD)
+                analysis = sd["status"].get("analysis") or {}
+                return sd if analysis.get("outcome") == "Rollback" else None
+
+            sd = wait_for(rolled_back, READY_TIMEOUT_S, "the canary's analysis to roll it back")
+        say(f"completions sent by revision: {dict(load.sent)}")
+        show(kubectl, "get", "sd", SD, "-n", NAMESPACE, "-o", CONDITIONS_JSONPATH)
+        show(
+            kubectl,
+            "get",
+            "events",
+            "-n",
+            NAMESPACE,
+            "--field-selector",
+            f"involvedObject.name={SD},involvedObject.kind=SpeculativeDeployment",
+        )
+        if sd["status"]["stableRevision"] != stable:
+            raise RuntimeError(f"the stable revision moved from {stable}")
+        show(kubectl, "get", "sd", "-n", NAMESPACE, "-o", "wide")
+
+    with step("The collapse guard: acceptance below its floor takes speculation off"):
+        body = demo_sd(models, GOOD_DRAFT, "1.0-small")
+        body["spec"]["rollout"]["collapseGuard"] = {
+            "floor": 0.95,
+            "for": "10s",
+            "action": "DisableSpeculation",
+        }
+        say("the good pair again, guarded by a floor of 0.95: above the ~0.8 this draft reaches")
+        say("here, so to the guard its acceptance has collapsed (the tiny drafts accept about")
+        say(
+            "as well whatever the prompt; on a real cluster the floor stays ~0.5 and traffic moves)"
+        )
+        with CompletionLoad(kubectl, NAMESPACE, SD, models["target"], env):
+            kubectl.apply([body])
+
+            def fallen_back() -> dict[str, Any] | None:
+                sd = get_sd(kubectl, NAMESPACE, SD)
+                speculation = sd["status"].get("speculation") or {}
+                ready = condition(sd, "Ready").get("status") == "True"
+                off = speculation.get("reason") == "DisabledAfterCollapse"
+                return sd if off and ready else None
+
+            sd = wait_for(fallen_back, READY_TIMEOUT_S, "the target alone serving")
+        speculation = sd["status"]["speculation"]
+        say(f"status.speculation: {speculation['state']} ({speculation['reason']})")
+        say(f"  {speculation['message']}")
+        show(kubectl, "get", "sd", "-n", NAMESPACE, "-o", "wide")
+
+
+def demo_sd(models: dict[str, str], draft: str, version: str) -> dict[str, Any]:
+    """The demo's SD: the tiny target with `draft`, rolled out as a judged canary."""
+    body = tiny_sd(SD, NAMESPACE, models, draft, version)
+    body["spec"]["rollout"] = json.loads(json.dumps(ROLLOUT))
+    return body
 
 
 def main() -> int:
