@@ -161,6 +161,14 @@ class OperatorProcess:
             log.flush()
             self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
+    def kill(self) -> None:
+        """SIGKILL: the process dies mid-whatever, as a node failure or OOM kill would end it."""
+        if self.process is None:
+            return
+        self.process.kill()
+        self.process.wait()
+        self.process = None
+
     def stop(self) -> None:
         if self.process is None:
             return

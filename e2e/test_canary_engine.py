@@ -10,9 +10,14 @@ run at once.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -106,20 +111,36 @@ class Bed:
 
 
 @pytest.fixture(scope="module")
-def bed(
-    cluster: ClusterEnv,
-    kubectl: Kubectl,
-    engine_python: Path,
-    tiny_models: dict[str, str],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Bed]:
+def namespace_for_canaries(kubectl: Kubectl) -> str:
     namespace = f"e2e-canary-{uuid.uuid4().hex[:5]}"
     create_namespace_with_queues(kubectl, namespace)
     apply_crds(kubectl)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def running_operator(
+    cluster: ClusterEnv,
+    engine_python: Path,
+    namespace_for_canaries: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> OperatorProcess:
     config = operator_config(str(engine_python), cluster.prometheus_url, interval=2)
-    running = OperatorProcess(
-        cluster.kubeconfig, config, tmp_path_factory.mktemp("operator"), (namespace,)
+    return OperatorProcess(
+        cluster.kubeconfig, config, tmp_path_factory.mktemp("operator"), (namespace_for_canaries,)
     )
+
+
+@pytest.fixture(scope="module")
+def bed(
+    cluster: ClusterEnv,
+    kubectl: Kubectl,
+    tiny_models: dict[str, str],
+    namespace_for_canaries: str,
+    running_operator: OperatorProcess,
+) -> Iterator[Bed]:
+    namespace = namespace_for_canaries
+    running = running_operator
     running.start()
     try:
         yield Bed(cluster, kubectl, namespace, tiny_models)
@@ -237,3 +258,62 @@ def test_a_collapsed_pair_falls_back_to_the_target_alone(bed: Bed) -> None:
         assert "--speculative-config" not in args
     reasons = [e["reason"] for e in events_of(bed.kubectl, bed.namespace, SD)]
     assert "AcceptanceCollapsed" in reasons
+
+
+@contextlib.contextmanager
+def prometheus_paused(cluster: ClusterEnv) -> Iterator[None]:
+    """Prometheus hung (SIGSTOP): every query times out, as when it is unreachable."""
+    pid = int(cluster.components["prometheus"]["pid"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_the_analysis_survives_a_killed_operator_and_holds_while_prometheus_is_down(
+    bed: Bed, running_operator: OperatorProcess
+) -> None:
+    body = canary_sd(bed.namespace, bed.models, "draft-small", "4-small")
+    body["spec"]["rollout"]["analysis"]["promoteAfter"] = 4
+    stable = bed.status().get("stableRevision")
+    with bed.load():
+        bed.kubectl.apply([body])
+
+        def judged(at_least: int) -> dict[str, Any] | None:
+            analysis = bed.status().get("analysis") or {}
+            fresh = analysis.get("revision") not in (None, stable)
+            return analysis if fresh and analysis.get("lastInterval", -1) >= at_least else None
+
+        first = eventually(lambda: judged(0), ENGINE_READY_S, "the canary's first verdict")
+        canary = first["revision"]
+
+        # SIGKILL mid-canary, then a new operator process: it resumes from status.
+        running_operator.kill()
+        running_operator.start()
+        eventually(lambda: judged(first["lastInterval"] + 1), 90, "a verdict after the restart")
+
+        # Prometheus hung for three intervals: Inconclusive, holding; nothing moves.
+        with prometheus_paused(bed.cluster):
+
+            def holding() -> dict[str, Any] | None:
+                progressing = condition(bed.sd(), "Progressing")
+                return progressing if progressing.get("reason") == "AnalysisInconclusive" else None
+
+            held = eventually(holding, 90, "the analysis to hold on missing metrics")
+            assert "metrics unavailable" in held["message"], held
+            time.sleep(3 * INTERVAL_S)  # the outage being measured, not a wait for a condition
+            status = bed.status()
+            assert status["stableRevision"] == stable, "nothing promoted while Prometheus is down"
+            assert status["analysis"]["outcome"] == "Hold"
+            assert status["analysis"]["failures"] == 0, "missing data is never a failure"
+        promoted = bed.wait_serving(other_than=stable)
+    assert promoted == canary
+    [record] = [r for r in bed.status()["revisions"] if r["revision"] == canary]
+    results = [v["result"] for v in record["verdicts"]]
+    assert "Inconclusive" in results, results
+    assert results.count("Pass") >= 4, results
+    # Each interval counted once across the restart: verdicts at least an interval apart.
+    times = [datetime.strptime(v["time"], "%Y-%m-%dT%H:%M:%SZ") for v in record["verdicts"]]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+    assert all(gap >= INTERVAL_S - 2 for gap in gaps), gaps
