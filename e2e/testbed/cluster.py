@@ -163,6 +163,27 @@ def _ok(url: str, **kwargs: Any) -> Callable[[], bool]:
 
 # --- the cluster -----------------------------------------------------------------------------
 
+# Every request made with a ServiceAccount's credentials, at Metadata level (who, verb,
+# resource, response code), into `audit.log` of the run folder: the chart's e2e test compares
+# what the operator really calls under its ServiceAccount with the RBAC the chart grants. The
+# components all use the admin kubeconfig, so the log holds little else.
+AUDIT_POLICY_FILE = "audit-policy.yaml"
+AUDIT_LOG_FILE = "audit.log"
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
+
+
+def audit_log(env: ClusterEnv) -> Path:
+    """The API server's audit log of ServiceAccount requests (JSON lines)."""
+    return Path(env.run_dir) / AUDIT_LOG_FILE
+
 
 @dataclass
 class _Ports:
@@ -293,6 +314,7 @@ class Cluster:
 
     def _apiserver(self) -> None:
         p, pki = self.ports, self.pki
+        (self.folder / AUDIT_POLICY_FILE).write_text(yaml.safe_dump(AUDIT_POLICY))
         argv = [
             str(self.bin / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
@@ -318,6 +340,11 @@ class Cluster:
             f"--service-account-signing-key-file={pki.sa_key}",
             "--allow-privileged=true",
             "--profiling=false",
+            f"--audit-policy-file={self.folder / AUDIT_POLICY_FILE}",
+            f"--audit-log-path={self.folder / AUDIT_LOG_FILE}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=200",
+            "--audit-log-maxbackup=1",
             "--v=1",
         ]
         ready = _ok(f"{self.env.api_server}/readyz", ca=pki.ca.cert, client=pki.admin)
@@ -721,6 +748,8 @@ def create_namespace_with_queues(kubectl: Kubectl, namespace: str, timeout: floa
 def health(env: ClusterEnv) -> list[str]:
     """What is wrong with a recorded cluster: dead components, API server not ready."""
     problems = [] if env.complete else ["its start did not finish"]
+    if env.run_dir and not (Path(env.run_dir) / AUDIT_POLICY_FILE).exists():
+        problems.append("it was started without the audit log (by an older test bed)")
     for name, info in env.components.items():
         if not processes.is_alive(int(info["pid"]), str(info["exe"])):
             problems.append(f"{name} (pid {info['pid']}) is not running; log: {info['log']}")
