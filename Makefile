@@ -36,12 +36,22 @@ fmt: venv ## Format the code
 	$(VENV)/bin/ruff format operator tests e2e hack
 
 .PHONY: unit
-unit: venv ## Unit tests (no cluster)
-	$(PY) -m pytest tests
+unit: venv ## Unit tests (no cluster; the chart's helm tests run under chart-lint)
+	$(PY) -m pytest tests -m 'not helm'
 
 .PHONY: crds
-crds: venv ## Generate crds/ from the pydantic models
+crds: venv ## Generate crds/ from the pydantic models, and the chart's copy of them
 	$(VENV)/bin/specdeploy crds --out crds
+	$(PY) hack/render_chart.py
+
+.PHONY: chart-docs
+chart-docs: venv ## Regenerate charts/specdeploy/README.md (and CRD templates) from values.yaml
+	$(PY) hack/render_chart.py
+
+.PHONY: chart-lint
+chart-lint: venv tools ## helm lint --strict and the chart's helm template tests (no cluster)
+	"$$(bash hack/build-testbed-tools.sh --print-dir)/helm" lint --strict charts/specdeploy
+	$(PY) -m pytest tests -m helm
 
 # --- Test bed -------------------------------------------------------------------------------
 .PHONY: tools
@@ -107,7 +117,7 @@ bench-plan: venv ## Cost of one reconcile's pure decisions per example (no clust
 bench: bench-plan bench-engine ## Every benchmark; results in bench/results/
 
 .PHONY: test
-test: lint unit e2e ## Everything: lint, unit and end-to-end
+test: lint unit chart-lint e2e ## Everything: lint, unit, the chart and end-to-end
 
 .PHONY: clean
 clean: ## Remove the virtualenv and run folder (not the caches)

@@ -1,0 +1,51 @@
+{{/* The operator's rules in the namespaces it watches (a Role there, or a ClusterRole). */}}
+{{- define "specdeploy.namespacedRules" -}}
+# The SDs: kopf lists and watches them and patches its finalizer and annotations; the
+# reconcile reads one (get) and merge-patches its status.
+- apiGroups: [specdeploy.dev]
+  resources: [speculativedeployments]
+  verbs: [get, list, watch, patch]
+- apiGroups: [specdeploy.dev]
+  resources: [speculativedeployments/status]
+  verbs: [patch]
+# Revision Deployments: listed, watched (kopf), server-side applied (a patch, which needs
+# create too when it makes the object), deleted when pruned.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [list, watch, create, patch, delete]
+# A revision made before revisions were recorded is resized through its scale subresource.
+- apiGroups: [apps]
+  resources: [deployments/scale]
+  verbs: [patch]
+# Each revision's record: created once, replaced (delete + create), deleted when pruned.
+- apiGroups: [apps]
+  resources: [controllerrevisions]
+  verbs: [list, watch, create, delete]
+# The SD's Service: read, watched (kopf), server-side applied.
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, create, patch]
+# The engine pods: read for readiness and the launcher's exit; watched (kopf).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
+# The hub token a SpeculativeDeployment names (spec.modelSource.hub.tokenSecretRef).
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+# Events kopf posts about each SD.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+# The PodMonitor of each SD, when the Prometheus Operator's CRD is there.
+- apiGroups: [monitoring.coreos.com]
+  resources: [podmonitors]
+  verbs: [get, list, watch, create, patch]
+# Kueue: the Workloads of gated pods (what quota is missing) and the SD's LocalQueue.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [list]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [localqueues]
+  verbs: [get]
+{{- end }}

@@ -1,0 +1,145 @@
+"""The Helm chart on the test bed: helm bound to a kubeconfig, the RBAC the chart grants, and
+the requests the API server's audit log saw a ServiceAccount make.
+
+An access is one (API group, resource, verb), the resource with its subresource as RBAC writes
+it (`speculativedeployments/status`); the core group is "".
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "specdeploy"
+RBAC_KINDS = ("ClusterRole", "Role")
+
+Access = tuple[str, str, str]
+
+
+class HelmError(RuntimeError):
+    """helm exited non-zero; carries its output."""
+
+    def __init__(self, args: Sequence[str], returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        super().__init__(f"helm {' '.join(args)} exited {returncode}: {stderr.strip() or stdout}")
+
+
+@dataclass(frozen=True)
+class Helm:
+    """The pinned helm, with the test bed's kubeconfig (none for offline commands)."""
+
+    binary: Path
+    kubeconfig: Path | None = None
+
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        """Runs helm; raises HelmError on a non-zero exit when `check`."""
+        argv = [str(self.binary), *args]
+        if self.kubeconfig is not None:
+            argv += ["--kubeconfig", str(self.kubeconfig)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise HelmError(args, proc.returncode, proc.stdout, proc.stderr)
+        return proc
+
+    def template(self, *args: str, chart: Path = CHART) -> list[dict[str, Any]]:
+        """`helm template` of the chart, as objects (empty documents dropped)."""
+        text = self.run("template", "specdeploy", str(chart), *args).stdout
+        return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def set_values(values: Mapping[str, Any]) -> list[str]:
+    """`--set-json` flags for top-level values."""
+    flags: list[str] = []
+    for key, value in values.items():
+        flags += ["--set-json", f"{key}={json.dumps(value)}"]
+    return flags
+
+
+def granted_access(objects: Iterable[Mapping[str, Any]]) -> set[Access]:
+    """Every (group, resource, verb) the rendered ClusterRoles and Roles grant."""
+    granted: set[Access] = set()
+    for obj in objects:
+        if obj.get("kind") not in RBAC_KINDS:
+            continue
+        for rule in obj.get("rules") or []:
+            assert "*" not in rule.get("verbs", []), f"{obj['metadata']['name']}: wildcard verb"
+            assert "*" not in rule.get("resources", []), f"{obj['metadata']['name']}: wildcard"
+            for group in rule.get("apiGroups", []):
+                for resource in rule.get("resources", []):
+                    for verb in rule["verbs"]:
+                        granted.add((group, resource, verb))
+    return granted
+
+
+@dataclass(frozen=True)
+class AuditedRequests:
+    """What one user asked of the API server, by access, and the requests it was refused."""
+
+    used: set[Access]
+    forbidden: list[str]
+
+
+def audited_requests(audit_log: Path, username: str) -> AuditedRequests:
+    """The resource requests `username` made, from the API server's JSON audit log (discovery
+    and other non-resource URLs, which every authenticated user may read, are left out)."""
+    used: set[Access] = set()
+    forbidden: list[str] = []
+    for line in audit_log.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if (event.get("user") or {}).get("username") != username:
+            continue
+        code = (event.get("responseStatus") or {}).get("code")
+        ref = event.get("objectRef")
+        if code == 403:
+            forbidden.append(f"{event.get('verb')} {event.get('requestURI')}")
+        if not ref:
+            continue
+        resource = ref.get("resource", "")
+        if ref.get("subresource"):
+            resource += "/" + ref["subresource"]
+        group = ref.get("apiGroup", "")
+        used.add((group, resource, event["verb"]))
+        if event["verb"] == "patch" and code == 201:
+            # A server-side apply that created its object: the API server authorizes it as a
+            # create too (without `create` the patch is refused with 403).
+            used.add((group, resource, "create"))
+    return AuditedRequests(used, forbidden)
+
+
+def format_access(accesses: Iterable[Access]) -> str:
+    """One `verb group/resource` per line, sorted."""
+    return "\n".join(f"  {v} {g or 'core'}/{r}" for g, r, v in sorted(accesses)) or "  (none)"
+
+
+def service_account_kubeconfig(path: Path, api_server: str, ca_file: Path, token: str) -> Path:
+    """A kubeconfig that authenticates with a ServiceAccount token only."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "testbed",
+                "cluster": {"server": api_server, "certificate-authority": str(ca_file)},
+            }
+        ],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "testbed", "user": "operator"}}],
+        "current-context": "operator",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
