@@ -1,0 +1,355 @@
+"""The Helm chart on the test bed: lint, server-side dry run, install, a CRD upgrade, uninstall,
+and the operator running under the chart's ServiceAccount and RBAC.
+
+The operator itself runs out of cluster (as in the other suites) but authenticates with a token
+of the chart's ServiceAccount, against an API server that enforces RBAC, with the config the
+chart rendered into its ConfigMap. The API server's audit log (docs/testbed.md) records every
+request it makes; the RBAC test compares those requests with what the chart grants, both ways.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from chart_harness import (
+    CHART,
+    Helm,
+    audited_requests,
+    format_access,
+    granted_access,
+    service_account_kubeconfig,
+    set_values,
+)
+from engine_cluster import OperatorProcess, condition, get_sd
+from sd_bodies import llama_8b
+from testbed import ClusterEnv, Kubectl, audit_log, create_namespace_with_queues, eventually
+from testbed.processes import free_ports
+
+pytestmark = pytest.mark.e2e
+
+CRD_NAME = "speculativedeployments.specdeploy.dev"
+NAME_LABEL = "specdeploy.dev/name"
+REVISION_LABEL = "specdeploy.dev/revision"
+# Nothing listens on the discard port: a model outside the catalog fails fast, offline.
+OFFLINE_MODEL_CONFIG_URL = "http://127.0.0.1:9/{model}/{revision}/config.json"
+
+
+@pytest.fixture(scope="module")
+def helm(cluster: ClusterEnv) -> Helm:
+    """The pinned helm bound to the test bed's admin kubeconfig."""
+    return Helm(Path(cluster.bin_dir) / "helm", Path(cluster.kubeconfig))
+
+
+@pytest.fixture
+def release(helm: Helm, namespace: str) -> Iterator[str]:
+    """A release name for this test; uninstalled afterwards (the CRD stays: keep policy)."""
+    name = f"sd-{uuid.uuid4().hex[:6]}"
+    try:
+        yield name
+    finally:
+        helm.run("uninstall", name, "-n", namespace, "--wait", check=False)
+
+
+def install(helm: Helm, release: str, namespace: str, *args: str, chart: Path = CHART) -> None:
+    """`helm install`; `--take-ownership` adopts a CRD applied earlier by `kubectl apply`
+    (the other suites do), as a cluster moving from crds/ to the chart would."""
+    helm.run("install", release, str(chart), "-n", namespace, "--take-ownership", *args)
+
+
+def crd(kubectl: Kubectl) -> dict[str, Any]:
+    found: dict[str, Any] = kubectl.get_json("crd", CRD_NAME)
+    return found
+
+
+def test_helm_lint_is_clean(helm: Helm) -> None:
+    for values in ({}, {"config": {"namespaces": ["a", "b"]}, "networkPolicy": {"enabled": True}}):
+        out = helm.run("lint", "--strict", str(CHART), *set_values(values))
+        text = out.stdout + out.stderr
+        assert "1 chart(s) linted, 0 chart(s) failed" in text, text
+        assert "[WARNING]" not in text
+        assert "[ERROR]" not in text
+
+
+def test_rendered_chart_passes_a_server_side_dry_run(
+    helm: Helm, kubectl: Kubectl, namespace: str
+) -> None:
+    variants: list[dict[str, Any]] = [
+        {},
+        {
+            "config": {"namespaces": [namespace]},
+            "networkPolicy": {"enabled": True},
+            "logReconciles": True,
+        },
+    ]
+    for values in variants:
+        rendered = helm.run("template", "dry", str(CHART), "-n", namespace, *set_values(values))
+        out = kubectl.run("apply", "--dry-run=server", "-f", "-", stdin=rendered.stdout)
+        assert "deployment.apps/dry-specdeploy created (server dry run)" in out.stdout, out.stdout
+        assert "customresourcedefinition.apiextensions.k8s.io" in out.stdout
+
+
+def with_printer_column(chart: Path, copy: Path) -> Path:
+    """A copy of the chart whose CRD has one more printer column, `TargetRevision`."""
+    shutil.copytree(chart, copy)
+    (template,) = (copy / "templates").glob("crd-*.yaml")
+    text = template.read_text()
+    anchor = "    additionalPrinterColumns:\n"
+    assert anchor in text
+    column = (
+        "    - name: TargetRevision\n"
+        "      type: string\n"
+        "      priority: 1\n"
+        "      description: The target's revision (added by the chart upgrade test).\n"
+        "      jsonPath: .spec.pair.target.revision\n"
+    )
+    template.write_text(text.replace(anchor, anchor + column, 1))
+    return copy
+
+
+def printer_columns(kubectl: Kubectl) -> list[str]:
+    version = crd(kubectl)["spec"]["versions"][0]
+    return [c["name"] for c in version.get("additionalPrinterColumns", [])]
+
+
+def test_install_upgrade_with_a_changed_crd_and_uninstall_keeps_the_crd_and_sds(
+    helm: Helm, kubectl: Kubectl, namespace: str, release: str, tmp_path: Path
+) -> None:
+    install(helm, release, namespace)
+    fullname = f"{release}-specdeploy"
+    deployment = kubectl.get_json("deployment", fullname, "-n", namespace)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    installed = crd(kubectl)
+    assert installed["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert installed["metadata"]["annotations"]["meta.helm.sh/release-name"] == release
+    kubectl.run("get", "clusterrole", f"{fullname}-cluster", fullname)
+
+    eventually(
+        lambda: kubectl.run("get", "sd", "-n", namespace, check=False).returncode == 0,
+        30,
+        "the SpeculativeDeployment kind served",
+    )
+    kubectl.apply([llama_8b("kept", namespace)])
+
+    assert "TargetRevision" not in printer_columns(kubectl)
+    changed = with_printer_column(CHART, tmp_path / "specdeploy")
+    helm.run("upgrade", release, str(changed), "-n", namespace)
+    assert "TargetRevision" in printer_columns(kubectl), "the upgrade did not change the CRD"
+    wide = kubectl.run("get", "sd", "kept", "-n", namespace, "-o", "wide").stdout
+    assert "TARGETREVISION" in wide, wide
+
+    # Back to the chart as committed: the CRD the other suites apply from crds/.
+    helm.run("upgrade", release, str(CHART), "-n", namespace)
+    assert "TargetRevision" not in printer_columns(kubectl)
+
+    helm.run("uninstall", release, "-n", namespace, "--wait")
+    assert kubectl.run("get", "deployment", fullname, "-n", namespace, check=False).returncode
+    assert kubectl.run("get", "clusterrole", fullname, check=False).returncode
+    assert crd(kubectl)["metadata"]["name"] == CRD_NAME, "the CRD went with the release"
+    assert get_sd(kubectl, namespace, "kept")["spec"]["pair"]["version"] == "3.1"
+    kubectl.run("delete", "sd", "kept", "-n", namespace, "--wait=false")
+
+
+# --- the operator under the chart's ServiceAccount -------------------------------------------
+
+
+def operator_config_from_chart(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    """The config the chart rendered into its ConfigMap, as the operator pod would read it."""
+    configmap = kubectl.get_json("configmap", name, "-n", namespace)
+    config: dict[str, Any] = yaml.safe_load(configmap["data"]["config.yaml"])
+    return config
+
+
+def legacy_revision(namespace: str, sd: str) -> dict[str, Any]:
+    """A revision Deployment without a ControllerRevision record, as operators before records
+    made them: the operator can only resize it, through the scale subresource."""
+    labels = {NAME_LABEL: sd, REVISION_LABEL: "legacy000"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": f"{sd}-legacy000", "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "engine", "image": "specdeploy/engine:old"}]},
+            },
+        },
+    }
+
+
+def hub_sd(namespace: str) -> dict[str, Any]:
+    """A pair outside the model catalog whose config.json is read with the hub token."""
+    return llama_8b(
+        "hub",
+        namespace,
+        pair={
+            "version": "1",
+            "target": {"model": "example-org/unlisted-8b", "revision": "0123abcd"},
+            "draft": {"method": "ngram", "numSpeculativeTokens": 3},
+        },
+        modelSource={"hub": {"tokenSecretRef": {"name": "hub-token", "key": "token"}}},
+    )
+
+
+def probe_answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status) == 200
+    except OSError:
+        return False
+
+
+def wait_serving(kubectl: Kubectl, namespace: str, name: str, operator: OperatorProcess) -> str:
+    """Waits for Ready=True with the desired revision stable; returns that revision."""
+
+    def serving() -> str | None:
+        sd = get_sd(kubectl, namespace, name)
+        status = sd.get("status") or {}
+        ready = condition(sd, "Ready").get("status") == "True"
+        return status.get("stableRevision") if ready and status.get("phase") == "Serving" else None
+
+    try:
+        revision: str = eventually(serving, 120, f"{namespace}/{name} Ready and Serving")
+    except AssertionError:
+        print(operator.log_tail())
+        raise
+    return revision
+
+
+@pytest.mark.usefixtures("pod_monitor_crd")
+def test_operator_under_the_charts_service_account_reconciles_with_exactly_its_rbac(
+    cluster: ClusterEnv, helm: Helm, namespace: str, release: str, tmp_path: Path
+) -> None:
+    kubectl = cluster.kubectl()
+    watched = f"{namespace}-sds"[:63]
+    create_namespace_with_queues(kubectl, watched)
+    values = {
+        "config": {
+            "namespaces": [watched],
+            "reconcileIntervalSeconds": 2,
+            "batchQueues": ["batch"],
+            "prometheusUrl": cluster.prometheus_url or "http://127.0.0.1:9090",
+            "modelConfigUrl": OFFLINE_MODEL_CONFIG_URL,
+        }
+    }
+    install(helm, release, namespace, *set_values(values))
+    fullname = f"{release}-specdeploy"
+    token = kubectl.run("create", "token", fullname, "-n", namespace, "--duration=1h").stdout
+    kubeconfig = service_account_kubeconfig(
+        tmp_path / "operator.kubeconfig",
+        cluster.api_server,
+        Path(cluster.run_dir) / "pki" / "ca.crt",
+        token.strip(),
+    )
+    config = operator_config_from_chart(kubectl, namespace, fullname)
+    assert config["namespaces"] == [watched]
+    # The chart's probe endpoint listens on all addresses at 8080; out of cluster on this
+    # shared machine, a free loopback port with the chart's path.
+    probe = urllib.parse.urlsplit(config["livenessEndpoint"])
+    assert (probe.hostname, probe.port, probe.path) == ("0.0.0.0", 8080, "/healthz")
+    (port,) = free_ports(1)
+    config["livenessEndpoint"] = f"http://127.0.0.1:{port}{probe.path}"
+    operator = OperatorProcess(str(kubeconfig), config, tmp_path / "operator", ())
+    kubectl.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "hub-token", "namespace": watched},
+                "data": {"token": base64.b64encode(b"hf_test").decode()},
+            }
+        ]
+    )
+    operator.start()
+    try:
+        # What the pod's probes and the `helm test` pod ask.
+        eventually(lambda: probe_answers(config["livenessEndpoint"]), 60, "the probe endpoint")
+        run_through_every_call(kubectl, watched, operator)
+    finally:
+        kubectl.run("delete", "sd", "--all", "-n", watched, "--timeout=60s", check=False)
+        operator.stop()
+        kubectl.run("delete", "namespace", watched, "--wait=false", check=False)
+        print(f"--- operator log ({operator.log_path}) ---\n{operator.log_tail()}")
+
+    refusals = re.findall(r".*(?:\b403\b|Forbidden).*", operator.log_text())
+    assert not refusals, "the operator was refused:\n" + "\n".join(refusals[:10])
+    username = f"system:serviceaccount:{namespace}:{fullname}"
+    audited = audited_requests(audit_log(cluster), username)
+    assert not audited.forbidden, "refused requests:\n" + "\n".join(audited.forbidden)
+    granted = granted_access(helm.template("-n", namespace, *set_values(values)))
+    missing = audited.used - granted
+    unused = granted - audited.used
+    assert not missing, "the operator called, the chart does not grant:\n" + format_access(missing)
+    assert not unused, "the chart grants, the operator never called:\n" + format_access(unused)
+
+
+def run_through_every_call(kubectl: Kubectl, namespace: str, operator: OperatorProcess) -> None:
+    """Drives the operator through each kind of request it can make: a pair served (its
+    Deployment, record, Service, PodMonitor, status, Events), an old unrecorded revision
+    resized, a revision pruned, a hub token read, and an SD deleted."""
+    kubectl.apply([llama_8b("chat", namespace, revisionHistoryLimit=1)])
+    first = wait_serving(kubectl, namespace, "chat", operator)
+    sd = get_sd(kubectl, namespace, "chat")
+    assert condition(sd, "Ready")["observedGeneration"] == sd["metadata"]["generation"]
+    kubectl.get_json("podmonitor", "chat", "-n", namespace)
+
+    kubectl.apply([legacy_revision(namespace, "chat")])
+    eventually(
+        lambda: (
+            kubectl.get_json("deployment", "chat-legacy000", "-n", namespace)["spec"]["replicas"]
+            == 0
+        ),
+        60,
+        "the unrecorded revision scaled to zero",
+    )
+
+    kubectl.apply([llama_8b("chat", namespace, draft_revision="eagle3-r2", revisionHistoryLimit=1)])
+    eventually(
+        lambda: (
+            kubectl.run(
+                "get", "deployment", f"chat-{first}", "-n", namespace, check=False
+            ).returncode
+            != 0
+        ),
+        120,
+        f"revision {first} pruned beyond the history limit",
+    )
+    second = wait_serving(kubectl, namespace, "chat", operator)
+    assert second != first
+    records = kubectl.get_json("controllerrevisions", "-n", namespace, "-l", f"{NAME_LABEL}=chat")
+    assert f"chat-{first}" not in [r["metadata"]["name"] for r in records["items"]]
+
+    kubectl.apply([hub_sd(namespace)])
+    eventually(
+        lambda: condition(get_sd(kubectl, namespace, "hub"), "Sized").get("status") == "False",
+        60,
+        "the unlisted model's SD reconciled (no shape: not sized)",
+    )
+
+    kubectl.run("delete", "sd", "chat", "hub", "-n", namespace, "--timeout=60s")
+    eventually(
+        lambda: (
+            not kubectl.get_json("deployments", "-n", namespace, "-l", f"{NAME_LABEL}=chat")[
+                "items"
+            ]
+        ),
+        60,
+        "the revision Deployments deleted with their SD",
+    )
+    events = kubectl.get_json("events", "-n", namespace)["items"]
+    assert any(e.get("reason") == "RolloutComplete" for e in events), json.dumps(events)[:2000]
