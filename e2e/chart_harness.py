@@ -105,7 +105,7 @@ def audited_requests(audit_log: Path, username: str) -> AuditedRequests:
         code = (event.get("responseStatus") or {}).get("code")
         ref = event.get("objectRef")
         if code == 403:
-            forbidden.append(f"{event.get('verb')} {event.get('requestURI')}")
+            forbidden.append(f"{event.get('verb')} {event.get('requestURI', '').split('?')[0]}")
         if not ref:
             continue
         resource = ref.get("resource", "")
