@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client, config
@@ -32,9 +32,12 @@ log = logging.getLogger("specdeploy.kube")
 class KubeAdapter:
     """Typed-enough access to the objects the operator reads and writes, as plain dicts."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(
+        self, api_client: client.ApiClient, on_write: Callable[[], None] | None = None
+    ) -> None:
         self.api_client = api_client
         self.write_requests = 0
+        self.on_write = on_write
         self._lock = threading.Lock()
         self._count_writes()
         self.dynamic = DynamicClient(api_client)  # type: ignore[no-untyped-call]
@@ -43,13 +46,14 @@ class KubeAdapter:
         self.dynamic.resources.invalidate_cache()
 
     @classmethod
-    def from_environment(cls) -> KubeAdapter:
-        """In-cluster credentials when running in a pod, else the KUBECONFIG context."""
+    def from_environment(cls, on_write: Callable[[], None] | None = None) -> KubeAdapter:
+        """In-cluster credentials when running in a pod, else the KUBECONFIG context;
+        `on_write` is called for each non-GET request."""
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
             config.load_kube_config()  # type: ignore[no-untyped-call]
-        return cls(client.ApiClient())
+        return cls(client.ApiClient(), on_write)
 
     def _count_writes(self) -> None:
         rest = self.api_client.rest_client
@@ -62,6 +66,8 @@ class KubeAdapter:
                     total = self.write_requests
                 path = url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
                 log.info("api write: %s /%s (total %d)", method.upper(), path, total)
+                if self.on_write is not None:
+                    self.on_write()
             return send(method, url, *args, **kwargs)  # type: ignore[no-untyped-call]
 
         rest.request = counted  # type: ignore[method-assign]

@@ -99,6 +99,13 @@ class OperatorConfig(ApiModel):
             "none when unset."
         ),
     )
+    metrics_endpoint: str | None = Field(
+        default=None,
+        description=(
+            "Where the operator serves its Prometheus metrics, e.g. http://0.0.0.0:8081/metrics; "
+            "none when unset."
+        ),
+    )
     model_config_url: str = Field(
         default="https://huggingface.co/{model}/resolve/{revision}/config.json",
         description=(

@@ -26,6 +26,7 @@ from specdeploy.adapters.kube import KubeAdapter
 from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import PLURAL
+from specdeploy.handlers.metrics import API_WRITES, measured_reconcile, serve_metrics
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.pair_check import shows_launcher_exit
 
@@ -97,7 +98,8 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         if not namespace or not name:
             return
         try:
-            reconciler.reconcile(namespace, name)
+            with measured_reconcile():
+                reconciler.reconcile(namespace, name)
         except ApiException as error:
             # Conflicts and API hiccups: the next attempt reads the world afresh.
             raise kopf.TemporaryError(
@@ -126,7 +128,8 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         if event is None:
             return  # the initial listing; resume handlers cover it
         try:
-            reconciler.reconcile(namespace or "", child_labels.get(labels.NAME, ""))
+            with measured_reconcile():
+                reconciler.reconcile(namespace or "", child_labels.get(labels.NAME, ""))
         except ApiException as error:
             log.warning("reconcile after %s failed: %s", what, error)
 
@@ -181,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
     )
     if getattr(args, "log_reconciles", False):
         logging.getLogger("specdeploy.reconcile").setLevel(logging.DEBUG)
-    kube = KubeAdapter.from_environment()
+    kube = KubeAdapter.from_environment(on_write=API_WRITES.inc)
     config = load_config(getattr(args, "config", None), kube)
     namespaces = list(getattr(args, "namespace", None) or config.namespaces)
     reconciler = Reconciler(kube, config, post_kopf_event)
@@ -189,6 +192,9 @@ def main(args: argparse.Namespace) -> int:
         port = reconciler.metrics.serve(config.metrics_address)
         log.info("operator metrics on %s (port %d)", config.metrics_address, port)
     registry = build_registry(reconciler, config)
+    if config.metrics_endpoint:
+        host, port = serve_metrics(config.metrics_endpoint)
+        log.info("metrics on http://%s:%d/metrics", host, port)
     log.info(
         "specdeploy operator: namespaces %s, reconcile every %ss",
         namespaces or "all",
