@@ -221,6 +221,18 @@ def probe_answers(url: str) -> bool:
         return False
 
 
+def read_metrics(url: str) -> dict[str, float]:
+    """The samples of a Prometheus text exposition, by name and labels."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
 def wait_serving(kubectl: Kubectl, namespace: str, name: str, operator: OperatorProcess) -> str:
     """Waits for Ready=True with the desired revision stable; returns that revision."""
 
@@ -269,8 +281,10 @@ def test_operator_under_the_charts_service_account_reconciles_with_exactly_its_r
     # shared machine, a free loopback port with the chart's path.
     probe = urllib.parse.urlsplit(config["livenessEndpoint"])
     assert (probe.hostname, probe.port, probe.path) == ("0.0.0.0", 8080, "/healthz")
-    (port,) = free_ports(1)
-    config["livenessEndpoint"] = f"http://127.0.0.1:{port}{probe.path}"
+    assert config["metricsEndpoint"] == "http://0.0.0.0:8081/metrics"
+    probe_port, metrics_port = free_ports(2)
+    config["livenessEndpoint"] = f"http://127.0.0.1:{probe_port}{probe.path}"
+    config["metricsEndpoint"] = f"http://127.0.0.1:{metrics_port}/metrics"
     operator = OperatorProcess(str(kubeconfig), config, tmp_path / "operator", ())
     kubectl.apply(
         [
@@ -290,6 +304,10 @@ def test_operator_under_the_charts_service_account_reconciles_with_exactly_its_r
         # What the pod's probes and the `helm test` pod ask.
         eventually(lambda: probe_answers(config["livenessEndpoint"]), 60, "the probe endpoint")
         run_through_every_call(kubectl, watched, operator)
+        # What the optional ServiceMonitor scrapes.
+        metrics = read_metrics(config["metricsEndpoint"])
+        assert metrics.get('specdeploy_reconciles_total{result="ok"}', 0) > 0, metrics
+        assert metrics.get("specdeploy_api_writes_total", 0) > 0, metrics
     except (AssertionError, TimeoutError, KubectlError) as failure:
         scenario_failure = failure
     finally:

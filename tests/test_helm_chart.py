@@ -21,7 +21,7 @@ from testbed.cluster import tools_dir
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 #: Config keys the chart writes itself rather than taking from values.config.
-CHART_SET_CONFIG = {"livenessEndpoint"}
+CHART_SET_CONFIG = {"livenessEndpoint", "metricsEndpoint"}
 
 
 # --- without helm -------------------------------------------------------------------------------
@@ -40,9 +40,10 @@ def test_values_config_holds_every_operator_config_key() -> None:
     assert set(VALUES["config"]) == keys - CHART_SET_CONFIG
     assert set(SCHEMA["properties"]["config"]["properties"]) == keys - CHART_SET_CONFIG
     defaults = OperatorConfig().model_dump(by_alias=True, exclude=CHART_SET_CONFIG)
-    assert OperatorConfig.from_mapping(VALUES["config"]).model_dump(by_alias=True) | {
-        "livenessEndpoint": None
-    } == defaults | {"livenessEndpoint": None}, "values.yaml's config differs from the defaults"
+    from_values = OperatorConfig.from_mapping(VALUES["config"])
+    assert from_values.model_dump(by_alias=True, exclude=CHART_SET_CONFIG) == defaults, (
+        "values.yaml's config differs from the operator's defaults"
+    )
 
 
 def test_values_yaml_is_valid_under_its_schema() -> None:
@@ -160,21 +161,24 @@ def test_operator_pod_is_locked_down_and_probed(helm: Helm) -> None:
     assert container["args"] == ["operator", "run", "--config", "/etc/specdeploy/config.yaml"]
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "probes"}
-    assert container["ports"] == [{"name": "probes", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["ports"] == [
+        {"name": "probes", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8081, "protocol": "TCP"},
+    ]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert mounts == {"/etc/specdeploy": "config", "/tmp": "tmp"}
     assert deployment["spec"]["replicas"] == 1
 
 
 @helm_test
-def test_config_map_is_the_operator_config_with_the_probe_endpoint(helm: Helm) -> None:
-    objects = helm.template(
-        *set_values({"config": {"batchQueues": ["batch"]}, "probes": {"port": 9000}})
-    )
+def test_config_map_is_the_operator_config_with_the_probe_and_metrics_endpoints(helm: Helm) -> None:
+    values = {"config": {"batchQueues": ["batch"]}, "probes": {"port": 9000}}
+    objects = helm.template(*set_values({**values, "metrics": {"port": 9001}}))
     text = _one(objects, "ConfigMap")["data"]["config.yaml"]
     config = OperatorConfig.from_mapping(yaml.safe_load(text))
     assert config.batch_queues == ["batch"]
     assert config.liveness_endpoint == "http://0.0.0.0:9000/healthz"
+    assert config.metrics_endpoint == "http://0.0.0.0:9001/metrics"
     pod = _one(objects, "Deployment")["spec"]["template"]
     assert pod["spec"]["containers"][0]["ports"][0]["containerPort"] == 9000
     assert pod["metadata"]["annotations"]["checksum/config"]
@@ -240,8 +244,29 @@ def test_rbac_for_listed_namespaces_is_a_role_in_each(helm: Helm) -> None:
 def test_optional_objects_are_off_by_default(helm: Helm) -> None:
     kinds = {o["kind"] for o in helm.template()}
     assert "NetworkPolicy" not in kinds
+    assert "ServiceMonitor" not in kinds
     policy = _one(helm.template(*set_values({"networkPolicy": {"enabled": True}})), "NetworkPolicy")
-    assert policy["spec"]["ingress"][0] == {"ports": [{"port": 8080, "protocol": "TCP"}]}
+    assert policy["spec"]["ingress"][0] == {
+        "ports": [{"port": 8080, "protocol": "TCP"}, {"port": 8081, "protocol": "TCP"}]
+    }
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+
+
+@helm_test
+def test_service_monitor_scrapes_the_metrics_port_of_the_operator_service(helm: Helm) -> None:
+    objects = helm.template(
+        "-n", "ops", *set_values({"serviceMonitor": {"enabled": True, "labels": {"team": "a"}}})
+    )
+    monitor = _one(objects, "ServiceMonitor")
+    service = _one(objects, "Service")
+    assert monitor["metadata"]["labels"]["team"] == "a"
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s"}
+    ]
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    assert selected.items() <= service["metadata"]["labels"].items()
+    metrics_port = {"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}
+    assert metrics_port in service["spec"]["ports"]
 
 
 @helm_test

@@ -51,8 +51,8 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* The operator config file: the values' config plus the probe endpoint. */}}
+{{/* The operator config file: the values' config plus the probe and metrics endpoints. */}}
 {{- define "specdeploy.config" -}}
-{{- $probe := dict "livenessEndpoint" (printf "http://0.0.0.0:%d%s" (int .Values.probes.port) .Values.probes.path) }}
-{{- toYaml (merge $probe (deepCopy .Values.config)) }}
+{{- $endpoints := dict "livenessEndpoint" (printf "http://0.0.0.0:%d%s" (int .Values.probes.port) .Values.probes.path) "metricsEndpoint" (printf "http://0.0.0.0:%d/metrics" (int .Values.metrics.port)) }}
+{{- toYaml (merge $endpoints (deepCopy .Values.config)) }}
 {{- end }}
