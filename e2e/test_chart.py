@@ -89,7 +89,12 @@ def crd(kubectl: Kubectl) -> dict[str, Any]:
 
 
 def test_helm_lint_is_clean(helm: Helm) -> None:
-    for values in ({}, {"config": {"namespaces": ["a", "b"]}, "networkPolicy": {"enabled": True}}):
+    everything_on = {
+        "config": {"namespaces": ["a", "b"]},
+        "networkPolicy": {"enabled": True},
+        "serviceMonitor": {"enabled": True},
+    }
+    for values in ({}, everything_on):
         out = helm.run("lint", "--strict", str(CHART), *set_values(values))
         text = out.stdout + out.stderr
         assert "1 chart(s) linted, 0 chart(s) failed" in text, text

@@ -140,8 +140,9 @@ helm install specdeploy charts/specdeploy --namespace specdeploy-system --create
 
 It installs the SpeculativeDeployment CRD (kept on uninstall), the operator Deployment (one
 replica, non-root, read-only root filesystem), its ConfigMap, ServiceAccount and least-privilege
-RBAC, a Service for its probe endpoint and a `helm test` pod that asks it. The CRD upgrade path,
-the RBAC rules and the security context are described in docs/chart.md.
+RBAC, a Service for its probe and metrics endpoints and a `helm test` pod that asks the probe
+endpoint; optionally a ServiceMonitor and a NetworkPolicy. The CRD upgrade path, the RBAC rules
+and the security context are described in docs/chart.md.
 
 ## Values
 
