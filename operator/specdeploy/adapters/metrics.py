@@ -1,9 +1,14 @@
-"""The operator's own metrics (prometheus_client), served on `metricsAddress` when set.
+"""The operator's own metrics (prometheus_client), served at `metricsEndpoint` when set.
+
+What a person watching the operator asks: is it reconciling, how long does a reconcile take, does
+it fail, how many writes does it send (a steady cluster should see none), and what do its canary
+analyses decide.
 
 | metric | type | labels |
 |---|---|---|
+| `specdeploy_reconciles_total` | counter | `result` (ok, error) |
 | `specdeploy_reconcile_duration_seconds` | histogram | |
-| `specdeploy_reconcile_errors_total` | counter | |
+| `specdeploy_api_writes_total` | counter | |
 | `specdeploy_analysis_verdicts_total` | counter | `result` (Pass, Fail, Inconclusive) |
 | `specdeploy_canary_promotions_total` | counter | |
 | `specdeploy_canary_rollbacks_total` | counter | |
@@ -13,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import urllib.parse
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -32,14 +38,21 @@ class OperatorMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.reconcile_seconds = Histogram(
-            "specdeploy_reconcile_duration_seconds",
-            "Time one reconcile of a SpeculativeDeployment took.",
+        self.reconciles = Counter(
+            "specdeploy_reconciles",
+            "Reconciles of a SpeculativeDeployment, by result (ok, error).",
+            ["result"],
             registry=self.registry,
         )
-        self.reconcile_errors = Counter(
-            "specdeploy_reconcile_errors",
-            "Reconciles that ended with an error (retried).",
+        self.reconcile_seconds = Histogram(
+            "specdeploy_reconcile_duration_seconds",
+            "Wall time of one reconcile.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.api_writes = Counter(
+            "specdeploy_api_writes",
+            "Non-GET requests the operator sent to the Kubernetes API.",
             registry=self.registry,
         )
         self.verdicts = Counter(
@@ -83,8 +96,17 @@ class OperatorMetrics:
         with contextlib.suppress(KeyError):
             self.acceptance.remove(namespace, name)
 
-    def serve(self, address: str) -> int:
-        """Serves /metrics on `address` (host:port; port 0 picks one); returns the port."""
-        host, _, port = address.rpartition(":")
-        server, _ = start_http_server(int(port), addr=host or "0.0.0.0", registry=self.registry)
-        return int(server.server_port)
+    def serve(self, endpoint: str) -> tuple[str, int]:
+        """Serves the metrics in a background thread at the host and port of `endpoint`
+        (e.g. `http://0.0.0.0:8081/metrics`; every path answers); returns (host, port)."""
+        host, port = parse_metrics_endpoint(endpoint)
+        start_http_server(port, addr=host, registry=self.registry)
+        return host, port
+
+
+def parse_metrics_endpoint(endpoint: str) -> tuple[str, int]:
+    """(host, port) of `metricsEndpoint`; a ValueError naming it when it is not http with a port."""
+    parsed = urllib.parse.urlsplit(endpoint)
+    if parsed.scheme != "http" or parsed.port is None:
+        raise ValueError(f"metricsEndpoint {endpoint!r}: expected http://<host>:<port>/<path>")
+    return parsed.hostname or "0.0.0.0", parsed.port

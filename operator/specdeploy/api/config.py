@@ -85,13 +85,6 @@ class OperatorConfig(ApiModel):
         gt=0,
         description="Period of the level-based reconcile of every SpeculativeDeployment.",
     )
-    metrics_address: str | None = Field(
-        default=None,
-        description=(
-            "host:port where the operator serves its own /metrics (prometheus_client), e.g. "
-            "0.0.0.0:9464; none when unset."
-        ),
-    )
     liveness_endpoint: str | None = Field(
         default=None,
         description=(

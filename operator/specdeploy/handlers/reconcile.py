@@ -82,8 +82,9 @@ class Reconciler:
                     decision = decide(self.observe(body), self.config, self.catalog, self.clock())
                     self.apply(body, decision)
                 except Exception:
-                    self.metrics.reconcile_errors.inc()
+                    self.metrics.reconciles.labels("error").inc()
                     raise
+            self.metrics.reconciles.labels("ok").inc()
             self.metrics.count_events(decision.events)
             self.metrics.set_acceptance(namespace, name, decision.acceptance_rate)
             log.debug(

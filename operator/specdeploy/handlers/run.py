@@ -23,10 +23,10 @@ from kubernetes.client.exceptions import ApiException
 
 from specdeploy import GROUP, VERSION
 from specdeploy.adapters.kube import KubeAdapter
+from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import PLURAL
-from specdeploy.handlers.metrics import API_WRITES, measured_reconcile, serve_metrics
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.pair_check import shows_launcher_exit
 
@@ -98,8 +98,7 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         if not namespace or not name:
             return
         try:
-            with measured_reconcile():
-                reconciler.reconcile(namespace, name)
+            reconciler.reconcile(namespace, name)
         except ApiException as error:
             # Conflicts and API hiccups: the next attempt reads the world afresh.
             raise kopf.TemporaryError(
@@ -128,8 +127,7 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         if event is None:
             return  # the initial listing; resume handlers cover it
         try:
-            with measured_reconcile():
-                reconciler.reconcile(namespace or "", child_labels.get(labels.NAME, ""))
+            reconciler.reconcile(namespace or "", child_labels.get(labels.NAME, ""))
         except ApiException as error:
             log.warning("reconcile after %s failed: %s", what, error)
 
@@ -184,16 +182,14 @@ def main(args: argparse.Namespace) -> int:
     )
     if getattr(args, "log_reconciles", False):
         logging.getLogger("specdeploy.reconcile").setLevel(logging.DEBUG)
-    kube = KubeAdapter.from_environment(on_write=API_WRITES.inc)
+    metrics = OperatorMetrics()
+    kube = KubeAdapter.from_environment(on_write=metrics.api_writes.inc)
     config = load_config(getattr(args, "config", None), kube)
     namespaces = list(getattr(args, "namespace", None) or config.namespaces)
-    reconciler = Reconciler(kube, config, post_kopf_event)
-    if config.metrics_address:
-        port = reconciler.metrics.serve(config.metrics_address)
-        log.info("operator metrics on %s (port %d)", config.metrics_address, port)
+    reconciler = Reconciler(kube, config, post_kopf_event, metrics=metrics)
     registry = build_registry(reconciler, config)
     if config.metrics_endpoint:
-        host, port = serve_metrics(config.metrics_endpoint)
+        host, port = metrics.serve(config.metrics_endpoint)
         log.info("metrics on http://%s:%d/metrics", host, port)
     log.info(
         "specdeploy operator: namespaces %s, reconcile every %ss",
