@@ -100,6 +100,7 @@ def test_a_good_canary_runs_beside_the_stable_then_is_promoted() -> None:
     assert "CanaryPromoted" in reasons
     [record] = [r for r in world.status["revisions"] if r["revision"] == canary]
     assert [v["result"] for v in record["verdicts"]] == ["Pass", "Pass"]
+    assert [v["interval"] for v in record["verdicts"]] == [0, 1]
     assert record["verdicts"][0]["draftTokens"] == 2412
 
 

@@ -530,6 +530,9 @@ class Verdict(ApiModel):
     """One analysis verdict on a revision."""
 
     time: str = Field(json_schema_extra={"format": "date-time"}, description="When (RFC 3339).")
+    interval: int | None = Field(
+        default=None, description="The analysis interval it closed, counted from startedAt."
+    )
     acceptance_rate: float | None = Field(default=None, description="Accepted/draft tokens.")
     mean_acceptance_length: float | None = Field(
         default=None, description="1 + accepted tokens per draft."

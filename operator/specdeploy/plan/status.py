@@ -291,6 +291,7 @@ def _verdict_record(seen: ObservedRollout, now: str) -> Verdict | None:
         return None
     return Verdict(
         time=now,
+        interval=seen.analysis.last_interval,
         acceptance_rate=_rounded(measured.acceptance_rate),
         mean_acceptance_length=_rounded(measured.mean_acceptance_length),
         draft_tokens=int(measured.draft_tokens),
