@@ -155,6 +155,18 @@ class PodMonitorApi(Protocol):
     def watch_pod_monitors(self, resource_version: str) -> Iterator[tuple[str, PodMonitor]]: ...
 
 
+def _watch_options(resource_version: str) -> dict[str, Any]:
+    """The arguments of a watch from `resource_version` that ends by itself after a while."""
+    return {
+        "watch": True,
+        "allow_watch_bookmarks": True,
+        "resource_version": resource_version,
+        "timeout_seconds": WATCH_TIMEOUT_SECONDS,
+        "_request_timeout": (10, WATCH_TIMEOUT_SECONDS + 30),
+        "_preload_content": False,
+    }
+
+
 def _watch_events(response: Any) -> Iterator[tuple[str, dict[str, Any]]]:
     """(type, object) of each event of a watch response; an ERROR event raises ApiException."""
     try:
@@ -190,14 +202,7 @@ class KubePodApi:
 
         Raises ApiException(410) when the version is too old (then list again).
         """
-        response: Any = self.core.list_pod_for_all_namespaces(
-            watch=True,
-            allow_watch_bookmarks=True,
-            resource_version=resource_version,
-            timeout_seconds=WATCH_TIMEOUT_SECONDS,
-            _request_timeout=(10, WATCH_TIMEOUT_SECONDS + 30),
-            _preload_content=False,
-        )
+        response: Any = self.core.list_pod_for_all_namespaces(**_watch_options(resource_version))
         yield from _watch_events(response)
 
     def list_pod_monitors(self) -> tuple[list[PodMonitor], str] | None:
@@ -219,12 +224,7 @@ class KubePodApi:
             POD_MONITOR_GROUP,
             POD_MONITOR_VERSION,
             POD_MONITOR_PLURAL,
-            watch=True,
-            allow_watch_bookmarks=True,
-            resource_version=resource_version,
-            timeout_seconds=WATCH_TIMEOUT_SECONDS,
-            _request_timeout=(10, WATCH_TIMEOUT_SECONDS + 30),
-            _preload_content=False,
+            **_watch_options(resource_version),
         )
         yield from _watch_events(response)
 
