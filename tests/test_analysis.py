@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from specdeploy.api.config import AnalysisSettings
 from specdeploy.plan.analysis import (
     AnalysisState,
-    Criteria,
     IntervalVerdict,
     Measurement,
     Outcome,
@@ -16,7 +16,7 @@ from specdeploy.plan.analysis import (
     judge_interval,
 )
 
-CRITERIA = Criteria()
+CRITERIA = AnalysisSettings()
 GOOD = Measurement(acceptance_rate=0.82, mean_acceptance_length=3.1, draft_tokens=2412)
 PASS = IntervalVerdict(Result.PASS, "")
 FAIL = IntervalVerdict(Result.FAIL, "")
@@ -70,7 +70,7 @@ def test_an_accepted_but_slow_draft_fails_on_latency() -> None:
     assert judge_interval(close, stable, False, CRITERIA).result == Result.PASS
 
 
-def run(verdicts: list[IntervalVerdict], criteria: Criteria = CRITERIA) -> list[Outcome]:
+def run(verdicts: list[IntervalVerdict], criteria: AnalysisSettings = CRITERIA) -> list[Outcome]:
     state = AnalysisState()
     outcomes = []
     for number, verdict in enumerate(verdicts):
@@ -81,7 +81,7 @@ def run(verdicts: list[IntervalVerdict], criteria: Criteria = CRITERIA) -> list[
 
 def test_rollback_when_failures_reach_the_limit_counted_over_the_whole_run() -> None:
     assert run([FAIL, PASS, FAIL]) == [Outcome.CONTINUE, Outcome.CONTINUE, Outcome.ROLLBACK]
-    assert run([FAIL], Criteria(failure_limit=1)) == [Outcome.ROLLBACK]
+    assert run([FAIL], AnalysisSettings(failure_limit=1)) == [Outcome.ROLLBACK]
 
 
 def test_promote_after_passes_in_a_row_and_a_failure_starts_the_count_again() -> None:
@@ -100,8 +100,8 @@ def test_missing_data_never_promotes_under_hold_and_judging_goes_on() -> None:
 
 
 def test_inconclusive_follows_the_policy() -> None:
-    assert run([NO_DATA], Criteria(on_inconclusive="Rollback")) == [Outcome.ROLLBACK]
-    assert run([NO_DATA], Criteria(on_inconclusive="Promote")) == [Outcome.PROMOTE]
+    assert run([NO_DATA], AnalysisSettings(on_inconclusive="Rollback")) == [Outcome.ROLLBACK]
+    assert run([NO_DATA], AnalysisSettings(on_inconclusive="Promote")) == [Outcome.PROMOTE]
 
 
 def test_an_interval_is_counted_once_so_a_restart_cannot_count_it_again() -> None:

@@ -63,19 +63,6 @@ class Measurement:
 
 
 @dataclass(frozen=True)
-class Criteria:
-    """The thresholds of one analysis, every value decided."""
-
-    min_draft_tokens: int = 2000
-    min_acceptance_rate: float = 0.6
-    max_drop_vs_stable: float = 0.1
-    max_latency_increase: float = 1.10
-    failure_limit: int = 2
-    promote_after: int = 3
-    on_inconclusive: str = "Hold"
-
-
-@dataclass(frozen=True)
 class IntervalVerdict:
     result: Result
     message: str
@@ -89,7 +76,7 @@ def judge_interval(
     canary: Measurement,
     stable: Measurement | None,
     stable_has_draft: bool,
-    criteria: Criteria,
+    criteria: AnalysisSettings,
 ) -> IntervalVerdict:
     """The verdict on one window of the canary, beside the stable revision (None: no stable)."""
     if canary.error is not None:
@@ -151,7 +138,7 @@ def interval_number(started_seconds: float, now_seconds: float, interval_seconds
 
 
 def advance(
-    state: AnalysisState, interval: int, verdict: IntervalVerdict, criteria: Criteria
+    state: AnalysisState, interval: int, verdict: IntervalVerdict, criteria: AnalysisSettings
 ) -> tuple[AnalysisState, Outcome]:
     """Counts `verdict` for interval number `interval` (once) and says what follows.
 
@@ -182,7 +169,7 @@ def advance(
     return state, _standing(state, criteria)
 
 
-def _standing(state: AnalysisState, criteria: Criteria) -> Outcome:
+def _standing(state: AnalysisState, criteria: AnalysisSettings) -> Outcome:
     if state.failures >= criteria.failure_limit:
         return Outcome.ROLLBACK
     if state.passes_in_a_row >= criteria.promote_after:
@@ -206,19 +193,6 @@ def duration_seconds(text: str) -> float:
     if not parts or "".join(n + u for n, u in parts) != text:
         raise ValueError(f"not a duration: {text!r}")
     return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
-
-
-def criteria_from(settings: AnalysisSettings) -> Criteria:
-    """The thresholds of an analysis whose every value is decided (config over spec)."""
-    return Criteria(
-        min_draft_tokens=settings.min_draft_tokens,
-        min_acceptance_rate=settings.min_acceptance_rate,
-        max_drop_vs_stable=settings.max_drop_vs_stable,
-        max_latency_increase=settings.max_latency_increase,
-        failure_limit=settings.failure_limit,
-        promote_after=settings.promote_after,
-        on_inconclusive=settings.on_inconclusive,
-    )
 
 
 @dataclass(frozen=True)
@@ -266,18 +240,17 @@ def judge_canary(
         previous = AnalysisStatus(revision=canary, started_at=now.strftime(RFC3339))
     if previous.outcome in (Outcome.PROMOTE, Outcome.ROLLBACK):
         return CanaryJudgement(state=previous, outcome=Outcome(previous.outcome))
-    criteria = criteria_from(settings)
     started = datetime.strptime(previous.started_at, RFC3339).replace(tzinfo=UTC)
     number = interval_number(
         started.timestamp(), now.timestamp(), duration_seconds(settings.interval)
     )
     if number <= previous.last_interval:
-        return CanaryJudgement(state=previous, outcome=_standing(_as_state(previous), criteria))
+        return CanaryJudgement(state=previous, outcome=_standing(_as_state(previous), settings))
     measured = measurements.get(canary) or Measurement(error="the canary was not measured")
     verdict = judge_interval(
-        measured, measurements.get(stable) if stable else None, stable_has_draft, criteria
+        measured, measurements.get(stable) if stable else None, stable_has_draft, settings
     )
-    state, outcome = advance(_as_state(previous), number, verdict, criteria)
+    state, outcome = advance(_as_state(previous), number, verdict, settings)
     return CanaryJudgement(
         state=previous.model_copy(
             update={
