@@ -247,7 +247,7 @@ def test_a_collapsed_pair_falls_back_to_the_target_alone(bed: Bed) -> None:
         fallback = bed.wait_serving(other_than=pair)
     status = bed.status()
     speculation = status["speculation"]
-    assert (speculation["state"], speculation["reason"]) == ("Off", "DisabledAfterCollapse")
+    assert (speculation["state"], speculation["reason"]) == ("Disabled", "DisabledAfterCollapse")
     assert "< floor 0.95" in speculation["message"]
     assert status["collapse"]["triggered"] is True
     assert status["collapse"]["action"] == "DisableSpeculation"

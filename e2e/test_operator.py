@@ -329,7 +329,7 @@ def test_example_becomes_ready_on_the_right_gpus(
         assert engine_container(pod)["resources"]["limits"][resource] == str(count)
         assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
         declared_pair(pod)
-    speculating = sd["status"]["speculation"]["state"] == "On"
+    speculating = sd["status"]["speculation"]["state"] == "Enabled"
     args = engine_container(pods[0])["args"]
     assert ("--speculative-config" in args) == speculating
     if body["spec"]["placement"].get("queue") == "batch":
@@ -422,7 +422,7 @@ def test_batch_queue_serves_the_target_alone(
     kubectl.apply([body])
     wait_ready(kubectl, namespace, "bulk")
     sd = sd_of(kubectl, namespace, "bulk")
-    assert sd["status"]["speculation"]["state"] == "Off"
+    assert sd["status"]["speculation"]["state"] == "Disabled"
     assert sd["status"]["speculation"]["reason"] == "BatchQueue"
     [pod] = items(kubectl, "pods", namespace, "bulk")
     assert "--speculative-config" not in engine_container(pod)["args"]

@@ -104,7 +104,7 @@ def test_disable_speculation_rolls_out_the_target_alone_through_new_pods() -> No
     assert fallback != pair, "the target-only revision replaced the pair"
     assert world.replicas() == {pair: 0, fallback: 2}
     speculation = world.status["speculation"]
-    assert (speculation["state"], speculation["reason"]) == ("Off", "DisabledAfterCollapse")
+    assert (speculation["state"], speculation["reason"]) == ("Disabled", "DisabledAfterCollapse")
     assert "acceptance 0.20 < floor 0.50" in speculation["message"]
     degraded = world.condition("Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "AcceptanceCollapsed")
@@ -121,7 +121,7 @@ def test_disable_speculation_rolls_out_the_target_alone_through_new_pods() -> No
     world.step()
     # The pair comes back the way any new pair does here: as a canary, judged, promoted.
     assert world.status["canaryRevision"] == pair
-    assert world.status["speculation"]["state"] == "On"
+    assert world.status["speculation"]["state"] == "Enabled"
     world.measured = {pair: GOOD, fallback: Measurement()}
     world.step(10)
     world.step(10)
@@ -155,4 +155,4 @@ def test_alert_only_says_so_and_changes_nothing_else() -> None:
     assert world.status["stableRevision"] == pair
     assert world.replicas() == {pair: 2}
     assert world.condition("Degraded")["reason"] == "AcceptanceCollapsed"
-    assert world.status["speculation"]["state"] == "On"
+    assert world.status["speculation"]["state"] == "Enabled"

@@ -148,7 +148,7 @@ def _one_pass(
     seen = ObservedRollout(
         sizing=SizingDecision(resource_name="nvidia.com/gpu", count=1, tensor_parallel_size=1),
         sizing_problem=None,
-        speculation=SpeculationStatus(state="On", reason="SpeculationEnabled"),
+        speculation=SpeculationStatus(state="Enabled", reason="SpeculationEnabled"),
         desired_revision="b",
         plan=plan,
         revisions=existing,

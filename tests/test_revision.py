@@ -97,7 +97,7 @@ POD_CHANGES: list[tuple[str, Any]] = [
     ("placement.nodeSelector", {"pool": "gpu"}),
     ("placement.tolerations", [{"key": "gpu", "operator": "Exists"}]),
     # Effective speculation: Off serves the target alone, which is other pods.
-    ("placement.speculation", "Off"),
+    ("placement.speculation", "Disabled"),
     ("placement.queue", "batch"),
 ]
 
@@ -115,7 +115,7 @@ NOT_POD_CHANGES: list[tuple[str, Any]] = [
     ("revisionHistoryLimit", 9),
     ("placement.queue", "interactive-2"),
     ("placement.priorityClass", "low"),
-    ("placement.speculation", "On"),
+    ("placement.speculation", "Enabled"),
     ("placement.gpu", {"product": "NVIDIA-A100-SXM4-80GB", "mig": "Required"}),
     (
         "pair.target.shape",

@@ -26,11 +26,11 @@ def _spec(queue: str | None, policy: str, method: str = "eagle3") -> Spec:
 @pytest.mark.parametrize(
     ("queue", "policy", "state", "reason"),
     [
-        ("interactive", "Auto", "On", "SpeculationEnabled"),
-        (None, "Auto", "On", "SpeculationEnabled"),
-        ("batch", "Auto", "Off", "BatchQueue"),
-        ("batch", "On", "On", "SpeculationEnabled"),
-        ("interactive", "Off", "Off", "DisabledBySpec"),
+        ("interactive", "Auto", "Enabled", "SpeculationEnabled"),
+        (None, "Auto", "Enabled", "SpeculationEnabled"),
+        ("batch", "Auto", "Disabled", "BatchQueue"),
+        ("batch", "Enabled", "Enabled", "SpeculationEnabled"),
+        ("interactive", "Disabled", "Disabled", "DisabledBySpec"),
     ],
 )
 def test_policy_and_queue_decide(queue: str | None, policy: str, state: str, reason: str) -> None:
@@ -39,13 +39,13 @@ def test_policy_and_queue_decide(queue: str | None, policy: str, state: str, rea
 
 
 def test_collapse_turns_speculation_off_even_when_on() -> None:
-    decision = decide_speculation(_spec("interactive", "On"), CONFIG, collapsed=True)
-    assert (decision.state, decision.reason) == ("Off", "DisabledAfterCollapse")
+    decision = decide_speculation(_spec("interactive", "Enabled"), CONFIG, collapsed=True)
+    assert (decision.state, decision.reason) == ("Disabled", "DisabledAfterCollapse")
 
 
 def test_no_draft_is_off() -> None:
     decision = decide_speculation(_spec(None, "Auto", method="none"), CONFIG)
-    assert (decision.state, decision.reason) == ("Off", "NoDraft")
+    assert (decision.state, decision.reason) == ("Disabled", "NoDraft")
 
 
 def test_served_spec_drops_the_draft_only_when_off() -> None:

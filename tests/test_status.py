@@ -95,7 +95,7 @@ def _observed(
     return ObservedRollout(
         sizing=sizing,
         sizing_problem=None if desired else "needs 976.0 GiB",
-        speculation=SpeculationStatus(state="On", reason="SpeculationEnabled"),
+        speculation=SpeculationStatus(state="Enabled", reason="SpeculationEnabled"),
         desired_revision=desired,
         plan=RolloutPlan({}, False, (), stable, ready),
         revisions=revisions,

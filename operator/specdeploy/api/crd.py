@@ -167,8 +167,8 @@ CEL_RULES: tuple[CelRule, ...] = (
     CelRule(
         path="spec",
         rule="!has(self.placement) || !has(self.placement.speculation)"
-        " || self.placement.speculation != 'On' || self.pair.draft.method != 'none'",
-        message="placement.speculation On needs a draft method other than none",
+        " || self.placement.speculation != 'Enabled' || self.pair.draft.method != 'none'",
+        message="placement.speculation Enabled needs a draft method other than none",
         field_path=".placement.speculation",
     ),
     # Scaled to zero, the canary size does not matter; otherwise it may not outnumber the

@@ -61,11 +61,11 @@ METHODS_WITHOUT_MODEL: frozenset[str] = frozenset({"ngram", "suffix", "none"})
 
 Dtype = Literal["bfloat16", "float16", "float32", "fp8", "int8", "int4"]
 MigPolicy = Literal["Auto", "Never", "Required"]
-SpeculationPolicy = Literal["On", "Off", "Auto"]
+SpeculationPolicy = Literal["Enabled", "Disabled", "Auto"]
 InconclusivePolicy = Literal["Hold", "Promote", "Rollback"]
 CollapseAction = Literal["DisableSpeculation", "RollbackToPrevious", "AlertOnly"]
 ConditionStatus = Literal["True", "False", "Unknown"]
-SpeculationState = Literal["On", "Off"]
+SpeculationState = Literal["Enabled", "Disabled"]
 VerdictResult = Literal["Pass", "Fail", "Inconclusive"]
 
 
@@ -349,9 +349,8 @@ class PlacementSpec(ApiModel):
     speculation: SpeculationPolicy = Field(
         default="Auto",
         description=(
-            "On or Off; Auto speculates except on queues the operator is configured to treat "
-            'as batch queues, where throughput matters more than latency. Quote "On" and '
-            '"Off" in YAML: kubectl\'s YAML 1.1 parser reads them bare as booleans.'
+            "Enabled, Disabled or Auto; Auto speculates except on queues the operator is "
+            "configured to treat as batch queues, where throughput matters more than latency."
         ),
     )
 
@@ -564,7 +563,7 @@ class RevisionStatus(ApiModel):
 class SpeculationStatus(ApiModel):
     """Whether the serving pods speculate, and why."""
 
-    state: SpeculationState = Field(description="On or Off.")
+    state: SpeculationState = Field(description="Enabled or Disabled.")
     reason: str = Field(default="", description="CamelCase reason.")
     message: str = Field(default="", description="Detail.")
 

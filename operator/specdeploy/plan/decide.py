@@ -220,7 +220,7 @@ def decide(
     # The pair the spec names, and the collapse guard watching it while it serves.
     speculation = decide_speculation(spec, config)
     served, sized, desired_revision = serve(speculation)
-    pair_revision = desired_revision if speculation.state == "On" else None
+    pair_revision = desired_revision if speculation.state == "Enabled" else None
     recorded_stable = status.stable_revision if status else None
     guard = watch_collapse(
         status.collapse if status else None,

@@ -15,43 +15,47 @@ from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
 def decide_speculation(
     spec: Spec, config: OperatorConfig, *, collapsed: bool = False
 ) -> SpeculationStatus:
-    """On or Off, with the reason, for this spec on this operator.
+    """Enabled or Disabled, with the reason, for this spec on this operator.
 
     `collapsed` is True when the collapse guard fired with action DisableSpeculation; it wins
-    over `placement.speculation: On`, because the guard is configured on the same resource.
+    over `placement.speculation: Enabled`, because the guard is configured on the same resource.
     """
     queue = spec.placement.queue
     if spec.pair.draft.method == "none":
-        return SpeculationStatus(state="Off", reason=Reason.NO_DRAFT, message="draft method none")
-    if spec.placement.speculation == "Off":
         return SpeculationStatus(
-            state="Off",
+            state="Disabled", reason=Reason.NO_DRAFT, message="draft method none"
+        )
+    if spec.placement.speculation == "Disabled":
+        return SpeculationStatus(
+            state="Disabled",
             reason=Reason.SPECULATION_DISABLED_BY_SPEC,
-            message="placement.speculation is Off",
+            message="placement.speculation is Disabled",
         )
     if collapsed:
         return SpeculationStatus(
-            state="Off",
+            state="Disabled",
             reason=Reason.SPECULATION_DISABLED_COLLAPSE,
             message="acceptance stayed below the collapse guard's floor",
         )
     if spec.placement.speculation == "Auto" and queue is not None and queue in config.batch_queues:
         return SpeculationStatus(
-            state="Off",
+            state="Disabled",
             reason=Reason.SPECULATION_DISABLED_BATCH_QUEUE,
             message=f"queue {queue} is a batch queue",
         )
     return SpeculationStatus(
-        state="On", reason=Reason.SPECULATION_ENABLED, message=f"{spec.pair.draft.method} draft"
+        state="Enabled",
+        reason=Reason.SPECULATION_ENABLED,
+        message=f"{spec.pair.draft.method} draft",
     )
 
 
 def served_spec(spec: Spec, speculation: SpeculationStatus) -> Spec:
-    """The spec the pods are built from: with speculation Off, the draft becomes method none.
+    """The spec the pods are built from: with speculation Disabled, the draft becomes method none.
 
     Everything in plan/ that builds pods or hashes them takes this spec, never the raw one.
     """
-    if speculation.state == "On":
+    if speculation.state == "Enabled":
         return spec
     pair = spec.pair.model_copy(update={"draft": DraftSpec(method="none")})
     return spec.model_copy(update={"pair": pair})

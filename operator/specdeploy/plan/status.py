@@ -368,7 +368,7 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
     ready = _ready_update(sd, seen)
     speculating = ConditionUpdate(
         ConditionType.SPECULATING,
-        "True" if seen.speculation.state == "On" else "False",
+        "True" if seen.speculation.state == "Enabled" else "False",
         seen.speculation.reason,
         seen.speculation.message,
     )
