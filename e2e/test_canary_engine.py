@@ -264,6 +264,13 @@ def test_a_collapsed_pair_falls_back_to_the_target_alone(bed: Bed) -> None:
     assert "AcceptanceCollapsed" in reasons
 
 
+def verdicts_of(status: dict[str, Any], revision: str) -> list[dict[str, Any]]:
+    """The verdicts recorded for one revision in status.revisions."""
+    [record] = [r for r in status["revisions"] if r["revision"] == revision]
+    verdicts: list[dict[str, Any]] = record.get("verdicts") or []
+    return verdicts
+
+
 @contextlib.contextmanager
 def prometheus_paused(cluster: ClusterEnv) -> Iterator[None]:
     """Prometheus hung (SIGSTOP): every query times out, as when it is unreachable."""
@@ -296,18 +303,25 @@ def test_the_analysis_holds_while_prometheus_is_down_survives_a_killed_operator_
             ours = analysis.get("revision") == canary
             return analysis if ours and analysis.get("lastInterval", -1) >= 0 else None
 
-        first = eventually(judged, ENGINE_READY_S, "the canary's first verdict")
-        assert first["outcome"] == "Continue", first
+        # The analysis is under way (its first verdict, whatever it is: on this shared machine
+        # the first window can be short of draft tokens, or slow).
+        eventually(judged, ENGINE_READY_S, "the canary's first verdict")
 
         # Prometheus hangs: every query times out. Inconclusive, holding; nothing moves.
         with prometheus_paused(bed.cluster):
 
             def holding() -> dict[str, Any] | None:
-                progressing = condition(bed.sd(), "Progressing")
-                return progressing if progressing.get("reason") == "AnalysisInconclusive" else None
+                sd = bed.sd()
+                progressing = condition(sd, "Progressing")
+                unavailable = "metrics unavailable" in progressing.get("message", "")
+                held = progressing.get("reason") == "AnalysisInconclusive" and unavailable
+                return sd if held else None
 
             held = eventually(holding, 90, "the analysis to hold on missing metrics")
-            assert "metrics unavailable" in held["message"], held
+            # Verdicts closed before the outage (a real Fail among them) stay counted; none
+            # may be added while the metrics are missing.
+            failures = held["status"]["analysis"]["failures"]
+            assert failures < FAILURE_LIMIT, held["status"]["analysis"]
 
             # SIGKILL mid-canary, during the outage; a new operator process resumes from status.
             running_operator.kill()
@@ -316,14 +330,18 @@ def test_the_analysis_holds_while_prometheus_is_down_survives_a_killed_operator_
             status = bed.status()
             assert status["stableRevision"] == stable, "nothing promoted while Prometheus is down"
             assert status["analysis"]["outcome"] == "Hold", status["analysis"]
-            assert status["analysis"]["failures"] == 0, "missing data is never a failure"
+            assert status["analysis"]["failures"] == failures, (
+                "missing data is never a failure",
+                status["analysis"],
+                verdicts_of(status, canary),
+            )
         promoted = bed.wait_serving(other_than=stable)
     assert promoted == canary
-    [record] = [r for r in bed.status()["revisions"] if r["revision"] == canary]
-    results = [v["result"] for v in record["verdicts"]]
-    assert "Inconclusive" in results, results
-    assert results.count("Pass") >= 3, results
+    verdicts = verdicts_of(bed.status(), canary)
+    results = [v["result"] for v in verdicts]
+    assert "Inconclusive" in results, verdicts
+    assert results.count("Pass") >= 3, verdicts
     # Each interval counted once, across the restart too: the intervals the verdicts closed only
     # ever increase (one the operator was down for is skipped, never judged twice).
-    intervals = [v["interval"] for v in record["verdicts"]]
+    intervals = [v["interval"] for v in verdicts]
     assert all(a < b for a, b in itertools.pairwise(intervals)), intervals
