@@ -29,6 +29,7 @@ from engine_harness import (
     tiny_models,
     vllm_args,
 )
+from grafana_dashboard import dashboard_metric_names, load_dashboard
 from specdeploy.api.models import SpeculativeDeploymentSpec
 from specdeploy.plan.vllm_args import HOST_ARG, PORT_ARG, build_vllm_args
 
@@ -95,6 +96,19 @@ def test_completions_answer_through_the_launcher(engine_pool: EnginePool) -> Non
     assert answer["model"] == "tiny"
     assert answer["usage"]["completion_tokens"] == 8
     assert answer["choices"][0]["text"]
+
+
+def test_every_engine_metric_the_grafana_dashboard_reads_is_exported(
+    engine_pool: EnginePool,
+) -> None:
+    """The chart's dashboard names vLLM's metrics as this vLLM exports them, histograms as
+    their `_bucket` series (charts/specdeploy/dashboards/specdeploy.json)."""
+    server = engine_pool.get("draft-good")
+    server.complete("The quick fox", max_tokens=8)
+    exported = set(server.counters())
+    wanted = {n for n in dashboard_metric_names(load_dashboard()) if n.startswith("vllm:")}
+    assert len(wanted) >= 8, wanted
+    assert wanted <= exported, f"not exported by the engine: {sorted(wanted - exported)}"
 
 
 def test_eagle3_head_is_served_and_changes_no_output(engine_pool: EnginePool) -> None:
