@@ -176,8 +176,8 @@ def test_health_of_each_phase_with_kwok_pods(
         kubectl,
         namespace,
         "crowd",
-        "waiting for quota",
-        lambda sd: (sd.get("status") or {}).get("phase") == "Pending",
+        "Kueue to find the quota short",
+        lambda sd: "lacks" in condition(sd, "Admitted").get("message", ""),
     )
     record.check("waiting-for-quota", "crowd")
     kubectl.run("delete", "sd", "crowd", "-n", namespace, "--timeout=60s", timeout=70)
