@@ -125,6 +125,17 @@ def operator_config(engine_python: str, prometheus_url: str, interval: float = 2
     }
 
 
+def kwok_operator_config(prometheus_url: str) -> dict[str, Any]:
+    """The operator config for KWOK-run pods (no engine runs), with a 2 s reconcile timer."""
+    return {
+        "reconcileIntervalSeconds": 2,
+        "batchQueues": ["batch"],
+        "engineImage": "specdeploy/engine:e2e",
+        "localProcess": False,
+        "prometheusUrl": prometheus_url or "http://127.0.0.1:9090",
+    }
+
+
 @dataclass
 class OperatorProcess:
     """`specdeploy operator run` as a child process watching some namespaces, logging to a file."""
@@ -204,6 +215,27 @@ class OperatorProcess:
             120,
             f"{count} reconciles of {namespace}/{name} in the operator log",
         )
+
+
+def stop_after_deleting_sds(
+    running: OperatorProcess, kubectl: Kubectl, namespace: str, timeout: int = 60
+) -> None:
+    """Deletes the namespace's SDs while the operator runs (started again if stopped), so its
+    finalizer is released and the namespace can go; then stops it and prints its log."""
+    if running.process is None:
+        running.start()
+    kubectl.run(
+        "delete",
+        "sd",
+        "--all",
+        "-n",
+        namespace,
+        f"--timeout={timeout}s",
+        check=False,
+        timeout=timeout + 10,
+    )
+    running.stop()
+    print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
 
 
 def apply_crds(kubectl: Kubectl) -> None:

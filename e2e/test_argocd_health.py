@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,15 @@ import pytest
 import yaml
 
 from argocd_health import health_of
-from engine_cluster import OperatorProcess, condition, get_sd, operator_config, tiny_sd
+from engine_cluster import (
+    OperatorProcess,
+    condition,
+    get_sd,
+    kwok_operator_config,
+    operator_config,
+    stop_after_deleting_sds,
+    tiny_sd,
+)
 from engine_harness import engine_python, tiny_models
 from sd_bodies import llama_8b
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
@@ -79,7 +87,8 @@ class Recorder:
         self.expected = expected_health()
         self.seen: list[str] = []
 
-    def check(self, phase: str, name: str) -> dict[str, Any]:
+    def check(self, phase: str, name: str) -> None:
+        """Runs the health check on the SD as it is now."""
         sd = get_sd(self.kubectl, self.namespace, name)
         health = health_of(sd)
         print(f"{phase}: {health.status}: {health.message}")
@@ -90,15 +99,27 @@ class Recorder:
         recorded = yaml.safe_load(path.read_text())
         assert summary(recorded) == summary(sd), f"{path.name} is stale: re-record it"
         self.seen.append(phase)
-        return sd
 
+    def wait(self, name: str, reached: Callable[[dict[str, Any]], bool], what: str) -> None:
+        """Waits until `reached` holds for the SD."""
+        eventually(lambda: reached(get_sd(self.kubectl, self.namespace, name)), 120, what)
 
-def wait_for(kubectl: Kubectl, namespace: str, name: str, what: str, probe: Any) -> None:
-    eventually(lambda: probe(get_sd(kubectl, namespace, name)), 120, f"{name}: {what}")
+    def when(self, phase: str, name: str, reached: Callable[[dict[str, Any]], bool]) -> None:
+        """Waits until the SD is in `phase` (`reached` says so), then checks it."""
+        self.wait(name, reached, f"{name}: {phase}")
+        self.check(phase, name)
 
 
 def reason_of(sd: dict[str, Any], type_: str) -> str | None:
     return condition(sd, type_).get("reason")
+
+
+def serving(sd: dict[str, Any]) -> bool:
+    return reason_of(sd, "Ready") == "AllReplicasReady"
+
+
+def phase_is(phase: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda sd: (sd.get("status") or {}).get("phase") == phase
 
 
 def with_canary(body: dict[str, Any], on_inconclusive: str) -> dict[str, Any]:
@@ -112,28 +133,15 @@ def with_canary(body: dict[str, Any], on_inconclusive: str) -> dict[str, Any]:
 
 @pytest.fixture
 def kwok_operator(
-    cluster: ClusterEnv, namespace: str, tmp_path: Path, sd_crd: None
+    cluster: ClusterEnv, kubectl: Kubectl, namespace: str, tmp_path: Path, sd_crd: None
 ) -> Iterator[OperatorProcess]:
     """The operator for KWOK pods (no engine), not started: the test starts it."""
-    config = {
-        "reconcileIntervalSeconds": 2,
-        "batchQueues": ["batch"],
-        "engineImage": "specdeploy/engine:e2e",
-        "localProcess": False,
-        "prometheusUrl": cluster.prometheus_url or "http://127.0.0.1:9090",
-    }
+    config = kwok_operator_config(cluster.prometheus_url)
     running = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
     try:
         yield running
     finally:
-        if running.process is None:
-            running.start()  # the SDs' finalizers go with the operator
-        kubectl = cluster.kubectl()
-        kubectl.run(
-            "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
-        )
-        running.stop()
-        print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
+        stop_after_deleting_sds(running, kubectl, namespace)
 
 
 def test_health_of_each_phase_with_kwok_pods(
@@ -145,41 +153,25 @@ def test_health_of_each_phase_with_kwok_pods(
     record.check("no-status", "chat")
 
     kwok_operator.start()
-    wait_for(
-        kubectl, namespace, "chat", "Ready", lambda sd: reason_of(sd, "Ready") == "AllReplicasReady"
-    )
-    record.check("serving", "chat")
+    record.when("serving", "chat", serving)
 
     # A spec change the operator has not seen yet (it is stopped).
     kwok_operator.stop()
-    kubectl.run(
-        "patch", "sd", "chat", "-n", namespace, "--type=merge", "-p", '{"spec":{"replicas":2}}'
-    )
+    patch = ("patch", "sd", "chat", "-n", namespace, "--type=merge", "-p")
+    kubectl.run(*patch, '{"spec":{"replicas":2}}')
     record.check("spec-not-observed", "chat")
     kwok_operator.start()
 
-    kubectl.run(
-        "patch", "sd", "chat", "-n", namespace, "--type=merge", "-p", '{"spec":{"replicas":0}}'
-    )
-    wait_for(
-        kubectl,
-        namespace,
-        "chat",
-        "scaled to zero",
-        lambda sd: reason_of(sd, "Ready") == "ScaledToZero",
-    )
-    record.check("scaled-to-zero", "chat")
+    kubectl.run(*patch, '{"spec":{"replicas":0}}')
+    record.when("scaled-to-zero", "chat", lambda sd: reason_of(sd, "Ready") == "ScaledToZero")
 
     # 9 pods on mig-3g.40gb: the interactive queue has 6 and may borrow 2.
     kubectl.apply([llama_8b("crowd", namespace, replicas=9)])
-    wait_for(
-        kubectl,
-        namespace,
+    record.when(
+        "waiting-for-quota",
         "crowd",
-        "Kueue to find the quota short",
         lambda sd: "lacks" in condition(sd, "Admitted").get("message", ""),
     )
-    record.check("waiting-for-quota", "crowd")
     kubectl.run("delete", "sd", "crowd", "-n", namespace, "--timeout=60s", timeout=70)
 
     huge = llama_8b("huge", namespace)
@@ -190,40 +182,22 @@ def test_health_of_each_phase_with_kwok_pods(
     }
     huge["spec"]["placement"]["gpu"] = {"product": "NVIDIA-H100-80GB-HBM3"}
     kubectl.apply([huge])
-    wait_for(
-        kubectl,
-        namespace,
-        "huge",
-        "Failed",
-        lambda sd: (sd.get("status") or {}).get("phase") == "Failed",
-    )
-    record.check("unschedulable", "huge")
+    record.when("unschedulable", "huge", phase_is("Failed"))
 
-    for name, policy, phase, reached in (
-        (
-            "holding",
-            "Hold",
-            "canary-analysing",
-            lambda sd: reason_of(sd, "Progressing") == "AnalysisInconclusive",
-        ),
-        (
-            "undone",
-            "Rollback",
-            "rolled-back",
-            lambda sd: (sd.get("status") or {}).get("phase") == "RolledBack",
-        ),
-    ):
+    # Two canaries, judged on no data: one holds, one is rolled back.
+    policies = {"holding": "Hold", "undone": "Rollback"}
+    for name, policy in policies.items():
         kubectl.apply([with_canary(llama_8b(name, namespace, draft_revision="eagle3-r1"), policy)])
-        wait_for(
-            kubectl,
-            namespace,
-            name,
-            "Ready",
-            lambda sd: reason_of(sd, "Ready") == "AllReplicasReady",
-        )
+    for name in policies:
+        record.wait(name, serving, f"{name}: its first revision Ready")
+    for name, policy in policies.items():
         kubectl.apply([with_canary(llama_8b(name, namespace, draft_revision="eagle3-r2"), policy)])
-        wait_for(kubectl, namespace, name, phase, reached)
-        record.check(phase, name)
+    record.when(
+        "canary-analysing",
+        "holding",
+        lambda sd: reason_of(sd, "Progressing") == "AnalysisInconclusive",
+    )
+    record.when("rolled-back", "undone", phase_is("RolledBack"))
     assert len(record.seen) == 8
 
 
@@ -244,12 +218,8 @@ def launcher_bed(
     try:
         yield namespace
     finally:
-        kubectl.run(
-            "delete", "sd", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=100
-        )
-        running.stop()
+        stop_after_deleting_sds(running, kubectl, namespace, timeout=90)
         kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
-        print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
 
 
 @pytest.mark.engine
@@ -263,19 +233,9 @@ def test_health_when_the_launcher_refuses_the_pair_or_cannot_find_a_model(
     missing["spec"]["pair"]["draft"]["model"] = tiny_models["eagle3"] + "-missing"
     kubectl.apply([missing])
 
-    wait_for(
-        kubectl,
-        namespace,
-        "refused",
+    record.when(
+        "pair-refused",
         "refused",
         lambda sd: reason_of(sd, "PairCompatible") == "PairIncompatible",
     )
-    record.check("pair-refused", "refused")
-    wait_for(
-        kubectl,
-        namespace,
-        "missing",
-        "model not found",
-        lambda sd: reason_of(sd, "Ready") == "ModelNotFound",
-    )
-    record.check("model-not-found", "missing")
+    record.when("model-not-found", "missing", lambda sd: reason_of(sd, "Ready") == "ModelNotFound")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from engine_cluster import OperatorProcess
+from engine_cluster import OperatorProcess, kwok_operator_config, stop_after_deleting_sds
 from sd_bodies import H100, llama_8b
 from testbed import ClusterEnv, Kubectl, eventually
 
@@ -39,25 +39,13 @@ def operator(
     cluster: ClusterEnv, kubectl: Kubectl, namespace: str, tmp_path: Path, sd_crd: None
 ) -> Iterator[OperatorProcess]:
     """The operator watching this test's namespace; its log is printed when a test fails."""
-    config = {
-        "reconcileIntervalSeconds": 2,
-        "batchQueues": ["batch"],
-        "engineImage": "specdeploy/engine:e2e",
-        "localProcess": False,
-        "prometheusUrl": cluster.prometheus_url or "http://127.0.0.1:9090",
-    }
+    config = kwok_operator_config(cluster.prometheus_url)
     running = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
     running.start()
     try:
         yield running
     finally:
-        # Delete the SDs while the operator still runs, so its finalizer is released and the
-        # namespace can go.
-        kubectl.run(
-            "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
-        )
-        running.stop()
-        print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
+        stop_after_deleting_sds(running, kubectl, namespace)
 
 
 # --- SpeculativeDeployments used here ----------------------------------------------------------
