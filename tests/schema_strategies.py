@@ -4,7 +4,7 @@ A value is drawn node by node from the schema the API server enforces: types, en
 bounds, required and optional properties, list sizes and list-map keys. An object's own CEL
 rules (`x-kubernetes-validations`) filter that object as it is drawn, after the schema's
 defaults are applied as the API server applies them, so almost every value drawn is one the
-API server would store; the caller still judges the whole value (tests/admission.py) and
+API server would store; the caller still judges the whole value (specdeploy.api.admission) and
 drops the rare one that is refused.
 
 Sizes are small on purpose: a tiny alphabet, short strings and lists and narrow number ranges
@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from hypothesis import strategies as st
 
-from admission import apply_defaults, broken_rules
+from specdeploy.api.admission import apply_defaults, broken_rules
 
 # Letters, a digit, path and version punctuation, and one non-ASCII letter.
 ALPHABET = "ab1./-é"

@@ -1,8 +1,8 @@
 """The CRD accepts every example and rejects every invalid fixture for the stated reason.
 
 Each file in tests/fixtures/invalid/ starts with `# expect: <text>`, a piece of the API server's
-error that names the field. Here the API server is stood in for by tests/admission.py; the test
-bed runs the same files against a real one.
+error that names the field. Here the API server is stood in for by specdeploy.api.admission;
+the test bed runs the same files against a real one.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from admission import admission_errors
+from specdeploy.api.admission import admission_errors
 from specdeploy.api.crd import CEL_RULES
 from specdeploy.api.models import SpeculativeDeployment
 

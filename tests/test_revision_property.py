@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, Phase, assume, event, given, reject, setting
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from admission import admission_errors, apply_defaults, crd_schema
 from schema_strategies import Path, single_edits, value_strategy
+from specdeploy.api.admission import admission_errors, apply_defaults, crd_schema
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.crd import structural_schema
 from specdeploy.api.models import API_VERSION, KIND, SizingDecision, SpeculativeDeployment

@@ -1,4 +1,4 @@
-"""The `specdeploy` command: CRD generation, version, and the operator itself.
+"""The `specdeploy` command: CRD generation, offline rendering, version, and the operator.
 
 `specdeploy operator run` imports `specdeploy.handlers.run` only when it runs, so CRD
 generation never needs the operator's runtime (kopf, a cluster) to import.
@@ -12,13 +12,63 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import yaml
+
 from specdeploy import GROUP, VERSION, __version__
+from specdeploy.api.config import OperatorConfig
 from specdeploy.api.crd import write_crds
+from specdeploy.render import (
+    DoesNotPlaceError,
+    InvalidSpeculativeDeploymentError,
+    load_speculative_deployment,
+    read_nodes,
+    render,
+    render_yaml,
+)
 
 
 def _crds(args: argparse.Namespace) -> int:
     for path in write_crds(Path(args.out)):
         print(path)
+    return 0
+
+
+# `specdeploy render` exit codes, beside argparse's 2 for a bad command line.
+EXIT_INVALID = 1
+EXIT_UNREADABLE = 2
+EXIT_DOES_NOT_PLACE = 3
+
+
+def _read_text(path: str) -> str:
+    return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+
+
+def _render(args: argparse.Namespace) -> int:
+    source = "stdin" if args.file == "-" else args.file
+    try:
+        text = _read_text(args.file)
+        nodes = read_nodes(_read_text(args.nodes)) if args.nodes else None
+        config = OperatorConfig.from_mapping(
+            yaml.safe_load(_read_text(args.config)) if args.config else None
+        )
+    except (OSError, ValueError, yaml.YAMLError) as error:
+        print(f"specdeploy render: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    try:
+        body = load_speculative_deployment(text, source)
+        rendering = render(body, nodes, config, namespace=args.namespace)
+    except InvalidSpeculativeDeploymentError as error:
+        print(f"specdeploy render: {source}: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    except DoesNotPlaceError as error:
+        print(f"specdeploy render: {source}: does not place: {error}", file=sys.stderr)
+        return EXIT_DOES_NOT_PLACE
+    nodes_source = (
+        f"{args.nodes} ({len(nodes or [])} nodes)"
+        if args.nodes
+        else "the built-in GPU catalog (one node per product)"
+    )
+    sys.stdout.write(render_yaml(rendering, nodes_source, args.config or "defaults"))
     return 0
 
 
@@ -51,6 +101,32 @@ def build_parser() -> argparse.ArgumentParser:
     crds = commands.add_parser("crds", help="write the CustomResourceDefinition YAML")
     crds.add_argument("--out", default="crds", help="directory to write into (default: crds)")
     crds.set_defaults(func=_crds)
+
+    render = commands.add_parser(
+        "render",
+        help="print what a SpeculativeDeployment becomes (Deployment, Service, PodMonitor)",
+        description=(
+            "Print the objects the operator applies for a SpeculativeDeployment, without a "
+            "cluster, preceded by the sizing arithmetic, the revision and the vllm serve "
+            "command as YAML comments. Exit 1: the CR is invalid; 2: an input is unreadable; "
+            "3: the pair does not place on the nodes."
+        ),
+    )
+    render.add_argument(
+        "-f", "--file", required=True, help="the SpeculativeDeployment (- for stdin)"
+    )
+    render.add_argument(
+        "--nodes",
+        help="Node objects, as `kubectl get nodes -o yaml` prints them "
+        "(default: one node of each GPU product in the built-in catalog)",
+    )
+    render.add_argument("--config", help="operator config file (default: the defaults)")
+    render.add_argument(
+        "-n",
+        "--namespace",
+        help="render as if applied in this namespace (default: the CR's, else default)",
+    )
+    render.set_defaults(func=_render)
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=_version)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from specdeploy.api import labels
 from specdeploy.api.conditions import Reason, RevisionPhase
@@ -45,7 +45,7 @@ from specdeploy.plan.children import (
 )
 from specdeploy.plan.collapse import RESUME_ANNOTATION, watch_collapse
 from specdeploy.plan.drift import decide_apply, drift_event, with_applied_hash
-from specdeploy.plan.gpu_catalog import GpuProduct, read_gpu_inventories
+from specdeploy.plan.gpu_catalog import GpuNodeInventory, GpuProduct, read_gpu_inventories
 from specdeploy.plan.pair_check import judge_pair
 from specdeploy.plan.placement import judge_admission
 from specdeploy.plan.revision import revision_hash
@@ -193,6 +193,33 @@ def _rolled_back(status: SpeculativeDeploymentStatus | None) -> frozenset[str]:
     )
 
 
+class ServedPair(NamedTuple):
+    """The SD as served (after the speculation decision), its sizing, and its revision."""
+
+    served: SpeculativeDeployment
+    sized: SizingDecision | ShapeUnknown | Unschedulable
+    #: The revision hash; None when the pair could not be sized.
+    revision: str | None
+
+
+def serve_pair(
+    sd: SpeculativeDeployment,
+    speculation: SpeculationStatus,
+    inventory: Sequence[GpuNodeInventory],
+    config: OperatorConfig,
+    *,
+    catalog: Sequence[GpuProduct],
+    fetched_shapes: Mapping[str, ModelShape],
+) -> ServedPair:
+    """The served spec, what one replica of it runs on, and the revision those pods make."""
+    served = sd.model_copy(update={"spec": served_spec(sd.spec, speculation)})
+    sized = size_pair(served.spec, inventory, config, catalog, fetched_shapes)
+    revision = (
+        revision_hash(served.spec, sized, config) if isinstance(sized, SizingDecision) else None
+    )
+    return ServedPair(served, sized, revision)
+
+
 def decide(
     snapshot: Snapshot,
     config: OperatorConfig,
@@ -207,15 +234,15 @@ def decide(
     settings = config.analysis_for(spec.rollout.analysis)
     inventory = read_gpu_inventories(snapshot.nodes, catalog)
 
-    def serve(
-        speculation: SpeculationStatus,
-    ) -> tuple[SpeculativeDeployment, SizingDecision | ShapeUnknown | Unschedulable, str | None]:
-        served = sd.model_copy(update={"spec": served_spec(spec, speculation)})
-        sized = size_pair(served.spec, inventory, config, catalog, snapshot.fetched_shapes)
-        revision = (
-            revision_hash(served.spec, sized, config) if isinstance(sized, SizingDecision) else None
+    def serve(speculation: SpeculationStatus) -> ServedPair:
+        return serve_pair(
+            sd,
+            speculation,
+            inventory,
+            config,
+            catalog=catalog,
+            fetched_shapes=snapshot.fetched_shapes,
         )
-        return served, sized, revision
 
     # The pair the spec names, and the collapse guard watching it while it serves.
     speculation = decide_speculation(spec, config)

@@ -1,4 +1,4 @@
-"""A local stand-in for the API server's validation of a SpeculativeDeployment.
+"""A local stand-in for the API server's validation of a SpeculativeDeployment (render, tests).
 
 It applies the CRD's defaults, checks the OpenAPI schema with jsonschema (plus the list-map key
 uniqueness the API server adds), and evaluates the CEL rules with cel-python, formatting errors
