@@ -192,6 +192,8 @@ def render(
     one node of each product in the GPU catalog); raises InvalidSpeculativeDeploymentError or
     DoesNotPlaceError with the reason. `namespace` replaces the CR's; a CR without one is in
     `default`, as kubectl would apply it."""
+    # What a CR becomes does not depend on what a cluster once observed of it.
+    body = {key: value for key, value in body.items() if key != "status"}
     if namespace is not None:
         body = {**body, "metadata": {**(body.get("metadata") or {}), "namespace": namespace}}
     elif not (body.get("metadata") or {}).get("namespace"):
