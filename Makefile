@@ -25,10 +25,11 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed ## Create the project virtualenv
 
 .PHONY: lint
-lint: venv ## ruff and mypy --strict
+lint: venv ## ruff, mypy --strict, and docs/crd-reference.md current
 	$(VENV)/bin/ruff check operator tests e2e hack
 	$(VENV)/bin/ruff format --check operator tests e2e hack
 	$(VENV)/bin/mypy
+	$(PY) hack/crd_reference.py --check
 
 .PHONY: fmt
 fmt: venv ## Format the code
@@ -43,6 +44,10 @@ unit: venv ## Unit tests (no cluster; the chart's helm tests run under chart-lin
 crds: venv ## Generate crds/ from the pydantic models, and the chart's copy of them
 	$(VENV)/bin/specdeploy crds --out crds
 	$(PY) hack/render_chart.py
+
+.PHONY: docs
+docs: venv ## Generate docs/crd-reference.md from the pydantic models (make lint checks it is current)
+	$(PY) hack/crd_reference.py
 
 .PHONY: chart-docs
 chart-docs: venv ## Regenerate charts/specdeploy/README.md (and CRD templates) from values.yaml
