@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from testbed import ClusterEnv, Kubectl
+from testbed.processes import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "specdeploy"
@@ -143,3 +147,62 @@ def service_account_kubeconfig(path: Path, api_server: str, ca_file: Path, token
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     return path
+
+
+# --- the operator out of cluster, as the chart's ServiceAccount ------------------------------
+
+
+def install(helm: Helm, release: str, namespace: str, *args: str, chart: Path = CHART) -> None:
+    """`helm install`; `--take-ownership` adopts a CRD applied earlier by `kubectl apply`
+    (the other suites do), as a cluster moving from crds/ to the chart would."""
+    helm.run("install", release, str(chart), "-n", namespace, "--take-ownership", *args)
+
+
+def operator_config_from_chart(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    """The config the chart rendered into its ConfigMap, as the operator pod would read it."""
+    configmap = kubectl.get_json("configmap", name, "-n", namespace)
+    config: dict[str, Any] = yaml.safe_load(configmap["data"]["config.yaml"])
+    return config
+
+
+@dataclass(frozen=True)
+class ServiceAccountOperator:
+    """How to run the operator of an installed release out of cluster, as the release's pod
+    would: with its ServiceAccount's token for only credential and its ConfigMap for config."""
+
+    kubeconfig: Path
+    #: The config as the chart rendered it into its ConfigMap.
+    chart_config: dict[str, Any]
+    #: What to run with: the same, its probe and metrics on free loopback ports.
+    config: dict[str, Any]
+
+
+def service_account_operator(
+    cluster: ClusterEnv,
+    release_namespace: str,
+    fullname: str,
+    workdir: Path,
+    token_duration: str = "2h",
+) -> ServiceAccountOperator:
+    """The credentials and config of the operator of the release whose objects are named
+    `fullname`. The chart's probe and metrics endpoints listen on all addresses at fixed
+    ports; out of cluster on a shared machine they move to free loopback ports, with the
+    chart's paths."""
+    kubectl = cluster.kubectl()
+    token = kubectl.run(
+        "create", "token", fullname, "-n", release_namespace, f"--duration={token_duration}"
+    ).stdout.strip()
+    workdir.mkdir(parents=True, exist_ok=True)
+    kubeconfig = service_account_kubeconfig(
+        workdir / "operator.kubeconfig",
+        cluster.api_server,
+        Path(cluster.run_dir) / "pki" / "ca.crt",
+        token,
+    )
+    chart_config = operator_config_from_chart(kubectl, release_namespace, fullname)
+    config = dict(chart_config)
+    probe_port, metrics_port = free_ports(2)
+    probe_path = urllib.parse.urlsplit(str(chart_config.get("livenessEndpoint", ""))).path
+    config["livenessEndpoint"] = f"http://127.0.0.1:{probe_port}{probe_path or '/healthz'}"
+    config["metricsEndpoint"] = f"http://127.0.0.1:{metrics_port}/metrics"
+    return ServiceAccountOperator(kubeconfig, chart_config, config)

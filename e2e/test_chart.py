@@ -29,7 +29,8 @@ from chart_harness import (
     audited_requests,
     format_access,
     granted_access,
-    service_account_kubeconfig,
+    install,
+    service_account_operator,
     set_values,
 )
 from engine_cluster import OperatorProcess, apply_crds, condition, get_sd
@@ -42,7 +43,6 @@ from testbed import (
     create_namespace_with_queues,
     eventually,
 )
-from testbed.processes import free_ports
 
 pytestmark = pytest.mark.e2e
 
@@ -68,12 +68,6 @@ def release(helm: Helm, namespace: str) -> Iterator[str]:
         yield name
     finally:
         helm.run("uninstall", name, "-n", namespace, "--wait", check=False)
-
-
-def install(helm: Helm, release: str, namespace: str, *args: str, chart: Path = CHART) -> None:
-    """`helm install`; `--take-ownership` adopts a CRD applied earlier by `kubectl apply`
-    (the other suites do), as a cluster moving from crds/ to the chart would."""
-    helm.run("install", release, str(chart), "-n", namespace, "--take-ownership", *args)
 
 
 def upgrade(helm: Helm, release: str, namespace: str, chart: Path) -> None:
@@ -189,13 +183,6 @@ def test_install_upgrade_with_a_changed_crd_and_uninstall_keeps_the_crd_and_sds(
 # --- the operator under the chart's ServiceAccount -------------------------------------------
 
 
-def operator_config_from_chart(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
-    """The config the chart rendered into its ConfigMap, as the operator pod would read it."""
-    configmap = kubectl.get_json("configmap", name, "-n", namespace)
-    config: dict[str, Any] = yaml.safe_load(configmap["data"]["config.yaml"])
-    return config
-
-
 def legacy_revision(namespace: str, sd: str) -> dict[str, Any]:
     """A revision Deployment without a ControllerRevision record, as operators before records
     made them: the operator can only resize it, through the scale subresource."""
@@ -284,24 +271,15 @@ def test_operator_under_the_charts_service_account_reconciles_with_exactly_its_r
     }
     install(helm, release, namespace, *set_values(values))
     fullname = f"{release}-specdeploy"
-    token = kubectl.run("create", "token", fullname, "-n", namespace, "--duration=1h").stdout
-    kubeconfig = service_account_kubeconfig(
-        tmp_path / "operator.kubeconfig",
-        cluster.api_server,
-        Path(cluster.run_dir) / "pki" / "ca.crt",
-        token.strip(),
-    )
-    config = operator_config_from_chart(kubectl, namespace, fullname)
-    assert config["namespaces"] == [watched]
-    # The chart's probe endpoint listens on all addresses at 8080; out of cluster on this
-    # shared machine, a free loopback port with the chart's path.
-    probe = urllib.parse.urlsplit(config["livenessEndpoint"])
+    workdir = tmp_path / "operator"
+    as_service_account = service_account_operator(cluster, namespace, fullname, workdir)
+    chart_config, config = as_service_account.chart_config, as_service_account.config
+    assert chart_config["namespaces"] == [watched]
+    probe = urllib.parse.urlsplit(chart_config["livenessEndpoint"])
     assert (probe.hostname, probe.port, probe.path) == ("0.0.0.0", 8080, "/healthz")
-    assert config["metricsEndpoint"] == "http://0.0.0.0:8081/metrics"
-    probe_port, metrics_port = free_ports(2)
-    config["livenessEndpoint"] = f"http://127.0.0.1:{probe_port}{probe.path}"
-    config["metricsEndpoint"] = f"http://127.0.0.1:{metrics_port}/metrics"
-    operator = OperatorProcess(str(kubeconfig), config, tmp_path / "operator", ())
+    assert chart_config["metricsEndpoint"] == "http://0.0.0.0:8081/metrics"
+    assert urllib.parse.urlsplit(config["livenessEndpoint"]).path == probe.path
+    operator = OperatorProcess(str(as_service_account.kubeconfig), config, workdir, ())
     kubectl.apply(
         [
             {

@@ -3,10 +3,12 @@
 rolling a bad draft back by its measured acceptance, and falling back when acceptance collapses.
 
     make demo          # installs what it needs, runs the steps, stops what it started
-    KEEP=1 make demo   # leaves the cluster, the operator and the serving pair running
+    KEEP=1 make demo   # leaves the cluster, the release, the operator and the pair running
 
-Steps: start (or reuse) the local test-bed cluster; write the tiny models; start the operator
-in local-process mode watching the namespace `specdeploy-demo`; apply the tiny target with its
+Steps: start (or reuse) the local test-bed cluster; write the tiny models; install the Helm
+chart (its CRD, ServiceAccount, RBAC and config) into `specdeploy-system`, and start the operator
+out of cluster with a token of the chart's ServiceAccount and the chart's config (local-process
+engines) watching the namespace `specdeploy-demo`; apply the tiny target with its
 good draft (`draft-small`) and wait for Ready; send a completion and read the acceptance rate
 from Prometheus; then point the same SpeculativeDeployment at a draft trained for another
 target and show it refused (PairCompatible=False, a Warning Event) while the good pair keeps
@@ -30,9 +32,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "e2e"), str(REPO / "operator")]
 
+from chart_harness import (  # noqa: E402
+    CHART,
+    Helm,
+    service_account_operator,
+    set_values,
+)
 from engine_cluster import (  # noqa: E402
     OperatorProcess,
-    apply_crds,
     complete,
     condition,
     engine_url,
@@ -59,6 +66,11 @@ from testbed import (  # noqa: E402
 )
 
 NAMESPACE = "specdeploy-demo"
+RELEASE = "specdeploy"
+RELEASE_NAMESPACE = "specdeploy-system"
+# The chart names its objects `<release>-<chart>`, or the release alone when it holds the
+# chart's name (as helm create's helpers do).
+FULLNAME = RELEASE
 SD = "tiny-chat"
 GOOD_DRAFT = "draft-small"
 BAD_DRAFT = "eagle3-other-verifier"
@@ -180,18 +192,30 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
         say(f"good draft ({GOOD_DRAFT}): {models[GOOD_DRAFT]}")
         say(f"mismatched draft ({BAD_DRAFT}): {models[BAD_DRAFT]}")
 
-    with step(f"The operator (local-process engines) watching namespace {NAMESPACE}"):
+    with step(f"The Helm chart: CRD, ServiceAccount, RBAC for {NAMESPACE}, config"):
         refuse_a_second_operator()
         stop_previous_demo_operator()
-        apply_crds(kubectl)
         create_namespace_with_queues(kubectl, NAMESPACE)
-        operator.config = operator_config(str(python), env.prometheus_url)
+        install_chart(env, kubectl, str(python))
+
+    with step("The operator as the chart's ServiceAccount (local-process engines)"):
+        # Out of cluster, as the release's pod would run it: a token of its ServiceAccount is
+        # the only credential, so every call goes through the chart's RBAC.
+        as_service_account = service_account_operator(
+            env, RELEASE_NAMESPACE, FULLNAME, RUN, token_duration="24h"
+        )
+        operator.kubeconfig = str(as_service_account.kubeconfig)
+        operator.config = as_service_account.config
         operator.log_path.unlink(missing_ok=True)
         operator.start()
         assert operator.process is not None
         (RUN / "operator.pid").write_text(f"{operator.process.pid}\n")
         say(f"operator pid {operator.process.pid}, log {operator.log_path}")
+        say(f"credential: a token of ServiceAccount {RELEASE_NAMESPACE}/{FULLNAME}")
+        say(f"  in {as_service_account.kubeconfig}")
+        say(f"config: ConfigMap {RELEASE_NAMESPACE}/{FULLNAME} (probe and metrics on loopback)")
         say(f"engine command: {python} -m specdeploy.engine serve -- <vllm args>")
+        show_grants(kubectl)
 
     with step(f"Apply the pair: tiny target + {GOOD_DRAFT} (draft_model, 3 speculative tokens)"):
         kubectl.apply([demo_sd(models, GOOD_DRAFT, "1.0-small")])
@@ -350,6 +374,58 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
         show(kubectl, "get", "sd", "-n", NAMESPACE, "-o", "wide")
 
 
+SERVICE_ACCOUNT_USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{FULLNAME}"
+
+
+def helm_for(env: ClusterEnv) -> Helm:
+    """The test bed's pinned helm, bound to its admin kubeconfig."""
+    return Helm(Path(env.bin_dir) / "helm", Path(env.kubeconfig))
+
+
+def install_chart(env: ClusterEnv, kubectl: Kubectl, engine_python: str) -> None:
+    """`helm upgrade --install` of charts/specdeploy with the demo's operator config, and the
+    chart's own operator Deployment scaled to zero: its image is not built on the test bed, and
+    the operator runs out of cluster here, under the same ServiceAccount."""
+    config = {**operator_config(engine_python, env.prometheus_url), "namespaces": [NAMESPACE]}
+    args = ["upgrade", "--install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE]
+    # --take-ownership: a CRD applied earlier with kubectl (the e2e suites do) joins the release.
+    args += ["--create-namespace", "--take-ownership"]
+    print(f"    $ helm {' '.join(args)} --set-json config=<the demo's>", flush=True)
+    args += set_values({"config": config})
+    out = helm_for(env).run(*args)
+    for line in out.stdout.strip().splitlines()[:6]:
+        print(f"      {line}")
+    kubectl.run("scale", "deployment", FULLNAME, "-n", RELEASE_NAMESPACE, "--replicas=0")
+    say("the chart's operator Deployment scaled to 0 (no operator image on the test bed)")
+    show(kubectl, "get", "crd", "speculativedeployments.specdeploy.dev")
+    show(kubectl, "get", "serviceaccount,configmap,role,rolebinding", "-n", RELEASE_NAMESPACE)
+    show(kubectl, "get", "role,rolebinding", "-n", NAMESPACE)
+
+
+def show_grants(kubectl: Kubectl) -> None:
+    """What the chart lets its ServiceAccount do in the demo's namespace (API resources only)."""
+    args = ("auth", "can-i", "--list", "-n", NAMESPACE, f"--as={SERVICE_ACCOUNT_USER}")
+    print(f"    $ kubectl {' '.join(args)}  (API resources)", flush=True)
+    for line in kubectl.run(*args).stdout.splitlines():
+        if "[/" not in line and "selfsubject" not in line:
+            print(f"      {line.rstrip()}")
+
+
+def where_to_look_next(env: ClusterEnv | None, kept: bool) -> None:
+    header("Where to look next")
+    if kept and env is not None:
+        say(f"export KUBECONFIG={env.kubeconfig}")
+        say(f"kubectl get sd -n {NAMESPACE} -o wide        # the pair, its revision, acceptance")
+        say(f"kubectl describe sd {SD} -n {NAMESPACE}      # conditions and the rollout Events")
+        say(f"helm list -n {RELEASE_NAMESPACE}                # the release the CRD/RBAC came from")
+        say(f"Prometheus {env.prometheus_url}: vllm:spec_decode_num_accepted_tokens_total")
+        say(f"operator log: {RUN / 'operator.log'}")
+    else:
+        say("KEEP=1 make demo leaves the cluster, the release and the pair running to look at")
+    say("specdeploy render -f examples/llama-8b-eagle3-mig.yaml   # a CR's objects, no cluster")
+    say("docs/demo.md (what each step shows), docs/chart.md (the chart on a real cluster)")
+
+
 def demo_sd(models: dict[str, str], draft: str, version: str) -> dict[str, Any]:
     """The demo's SD: the tiny target with `draft`, rolled out as a judged canary."""
     body = tiny_sd(SD, NAMESPACE, models, draft, version)
@@ -358,6 +434,7 @@ def demo_sd(models: dict[str, str], draft: str, version: str) -> dict[str, Any]:
 
 
 def main() -> int:
+    began = time.monotonic()
     RUN.mkdir(parents=True, exist_ok=True)
     started_cluster = False
     operator: OperatorProcess | None = None
@@ -385,12 +462,10 @@ def main() -> int:
     if KEEP and not failure:
         header("KEEP=1: left running")
         assert env is not None
-        say(f"export KUBECONFIG={env.kubeconfig}")
-        say(f"kubectl get sd -n {NAMESPACE}")
         if operator is not None and operator.process is not None:
             say(f"operator pid {operator.process.pid} (stop: kill -INT {operator.process.pid})")
-        if started_cluster:
-            say("the cluster: make cluster-down")
+        say(f"the release: helm uninstall {RELEASE} -n {RELEASE_NAMESPACE}")
+        say("the cluster: make cluster-down")
     else:
         header("Clean up: what the demo started")
         if env is not None and operator is not None and operator.process is not None:
@@ -403,6 +478,10 @@ def main() -> int:
             say("operator stopped")
             env.kubectl().run("delete", "namespace", NAMESPACE, "--wait=false", check=False)
             say(f"namespace {NAMESPACE} deleted")
+        if env is not None and not started_cluster:
+            helm_for(env).run("uninstall", RELEASE, "-n", RELEASE_NAMESPACE, check=False)
+            env.kubectl().run("delete", "namespace", RELEASE_NAMESPACE, "--wait=false", check=False)
+            say(f"release {RELEASE} uninstalled (its CRD stays: helm.sh/resource-policy keep)")
         if started_cluster:
             down(log=say)
             say("cluster stopped")
@@ -412,7 +491,8 @@ def main() -> int:
     if failure:
         print(f"\nDEMO FAILED: {failure}", file=sys.stderr)
         return 1
-    print("\nDemo finished.")
+    where_to_look_next(env, KEEP)
+    print(f"\nDemo finished in {time.monotonic() - began:.0f}s.")
     return 0
 
 
