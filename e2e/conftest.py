@@ -21,7 +21,12 @@ import pytest
 import yaml
 from kubernetes import config as kubernetes_config
 
-from engine_cluster import apply_crds
+from engine_cluster import (
+    OperatorProcess,
+    apply_crds,
+    kwok_operator_config,
+    stop_after_deleting_sds,
+)
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, down, eventually, up
 from testbed.prometheus_operator import served_pod_monitor_crd
 
@@ -170,3 +175,21 @@ def pod_monitor_crd(kubectl: Kubectl) -> Iterator[None]:
     """The Prometheus Operator's PodMonitor CRD (its pinned release), for one test."""
     with served_pod_monitor_crd(kubectl):
         yield
+
+
+# --- the operator ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def operator(
+    cluster: ClusterEnv, kubectl: Kubectl, namespace: str, tmp_path: Path, sd_crd: None
+) -> Iterator[OperatorProcess]:
+    """The operator watching this test's namespace (GPU pods KWOK-run, `batch` a batch queue);
+    its config file is `workdir/operator.yaml`; its log is printed when a test fails."""
+    config = kwok_operator_config(cluster.prometheus_url)
+    running = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
+    running.start()
+    try:
+        yield running
+    finally:
+        stop_after_deleting_sds(running, kubectl, namespace)

@@ -11,7 +11,6 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from engine_cluster import OperatorProcess, kwok_operator_config, stop_after_deleting_sds
+from engine_cluster import OperatorProcess
 from sd_bodies import H100, llama_8b
-from testbed import ClusterEnv, Kubectl, eventually
+from testbed import Kubectl, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -29,23 +28,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 NAME_LABEL = "specdeploy.dev/name"
 REVISION_LABEL = "specdeploy.dev/revision"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
-
-
-# --- the operator as a subprocess -------------------------------------------------------------
-
-
-@pytest.fixture
-def operator(
-    cluster: ClusterEnv, kubectl: Kubectl, namespace: str, tmp_path: Path, sd_crd: None
-) -> Iterator[OperatorProcess]:
-    """The operator watching this test's namespace; its log is printed when a test fails."""
-    config = kwok_operator_config(cluster.prometheus_url)
-    running = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
-    running.start()
-    try:
-        yield running
-    finally:
-        stop_after_deleting_sds(running, kubectl, namespace)
 
 
 # --- SpeculativeDeployments used here ----------------------------------------------------------

@@ -2,7 +2,8 @@
 the operator applies on the test bed.
 
 Each example in examples/ is applied (in the test's namespace, whose LocalQueues are the ones
-the examples name) with the operator running under a known config, and rendered with
+the examples name) with the operator running (conftest's `operator`: `batch` is a batch queue,
+as the batch example expects), and rendered with
 `specdeploy render -f <example> --nodes <the test bed's nodes> --config <that config>`. Every
 rendered object must be held by the live one (`plan.drift.differences`: the fields render
 sets, server defaults ignored). Rendered again from the live SD (`kubectl get sd -o yaml`, which
@@ -17,7 +18,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ import yaml
 from engine_cluster import OperatorProcess
 from engine_harness import OPERATOR_SRC
 from specdeploy.plan.drift import APPLIED_HASH_ANNOTATION, differences
-from testbed import ClusterEnv, Kubectl, eventually
+from testbed import Kubectl, eventually
 
 # The CRDs first, so the operator finds the PodMonitor kind served from its first reconcile.
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("sd_crd", "pod_monitor_crd")]
@@ -49,33 +49,6 @@ EXAMPLE_PARAMS = [
     for path in EXAMPLES
 ]
 LIVE_KINDS = {"Deployment": "deployment", "Service": "service", "PodMonitor": "podmonitor"}
-
-
-@pytest.fixture
-def operator(
-    cluster: ClusterEnv,
-    kubectl: Kubectl,
-    namespace: str,
-    tmp_path: Path,
-) -> Iterator[OperatorProcess]:
-    """The operator watching this test's namespace, treating `batch` as a batch queue (as the
-    batch example expects); its config file is `workdir/operator.yaml`."""
-    config = {
-        "reconcileIntervalSeconds": 2,
-        "batchQueues": ["batch"],
-        "engineImage": "specdeploy/engine:e2e",
-        "prometheusUrl": cluster.prometheus_url or "http://127.0.0.1:9090",
-    }
-    running = OperatorProcess(cluster.kubeconfig, config, tmp_path / "operator", (namespace,))
-    running.start()
-    try:
-        yield running
-    finally:
-        kubectl.run(
-            "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
-        )
-        running.stop()
-        print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
 
 
 def specdeploy_render(*args: str) -> subprocess.CompletedProcess[str]:
@@ -151,10 +124,16 @@ def test_render_equals_what_the_operator_applies(
     except TimeoutError:
         pytest.fail(f"live objects differ from render: {held_by_the_cluster(kubectl, rendered)}")
 
-    # The SD's own account of the decision agrees with render's.
-    sd = kubectl.get_json("sd", body["metadata"]["name"], "-n", namespace)
+    # The SD's own account of the decision agrees with render's (its status is written after
+    # the children, in the same reconcile).
     revision = rendered[0]["metadata"]["labels"]["specdeploy.dev/revision"]
-    assert revision in {r["revision"] for r in sd["status"]["revisions"]}
+
+    def recorded() -> dict[str, Any] | None:
+        sd: dict[str, Any] = kubectl.get_json("sd", body["metadata"]["name"], "-n", namespace)
+        revisions = (sd.get("status") or {}).get("revisions") or []
+        return sd if revision in {r["revision"] for r in revisions} else None
+
+    sd = eventually(recorded, 30, f"revision {revision} in the SD's status")
     limits = rendered[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits[sd["status"]["sizing"]["resourceName"]] == sd["status"]["sizing"]["count"]
 
