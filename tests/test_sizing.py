@@ -85,8 +85,20 @@ def pair_spec(
     max_model_len: int = 8192,
     max_num_seqs: int = 32,
     utilization: float = 0.92,
+    kv_cache_tokens: int | None = -1,
     **extra: Any,
 ) -> Spec:
+    """A spec of the pair; its KV budget is maxModelLen x maxNumSeqs unless given (None: the
+    default budget)."""
+    engine: dict[str, Any] = {
+        "maxModelLen": max_model_len,
+        "maxNumSeqs": max_num_seqs,
+        "gpuMemoryUtilization": utilization,
+    }
+    if kv_cache_tokens == -1:
+        engine["kvCacheTokens"] = max_model_len * max_num_seqs
+    elif kv_cache_tokens is not None:
+        engine["kvCacheTokens"] = kv_cache_tokens
     draft_spec: dict[str, Any] = {"method": method}
     if method != "none":
         draft_spec["numSpeculativeTokens"] = 3
@@ -95,11 +107,7 @@ def pair_spec(
     return Spec.model_validate(
         {
             "pair": {"version": "1", "target": {"model": target}, "draft": draft_spec},
-            "engine": {
-                "maxModelLen": max_model_len,
-                "maxNumSeqs": max_num_seqs,
-                "gpuMemoryUtilization": utilization,
-            },
+            "engine": engine,
             **extra,
         }
     )

@@ -18,6 +18,7 @@ from specdeploy.api.models import (
 )
 
 DEFAULT_ENGINE_IMAGE = "specdeploy/engine:0.1.0"
+DEFAULT_ENGINE_CPU_IMAGE = "specdeploy/engine-cpu:0.1.0"
 DEFAULT_ENGINE_COMMAND = ("specdeploy-engine",)
 
 
@@ -52,6 +53,10 @@ class OperatorConfig(ApiModel):
 
     engine_image: str = Field(
         default=DEFAULT_ENGINE_IMAGE, description="Engine image when spec.engine.image is unset."
+    )
+    engine_cpu_image: str = Field(
+        default=DEFAULT_ENGINE_CPU_IMAGE,
+        description="Engine image of CPU-serving SDs (placement.device CPU) without engine.image.",
     )
     engine_command: list[str] = Field(
         default_factory=lambda: list(DEFAULT_ENGINE_COMMAND),

@@ -21,6 +21,7 @@ from specdeploy import GROUP, VERSION
 from specdeploy.api.contract import OPERATOR_OWNED_FLAGS
 from specdeploy.api.models import (
     KIND,
+    LABEL_VALUE_PATTERN,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
@@ -42,6 +43,10 @@ _TP_INT = (
     " && type(self.engine.tensorParallelSize) == int"
 )
 _HUB = "has(self.modelSource) && has(self.modelSource.hub)"
+
+
+def _gpu_pin(field: str) -> str:
+    return f"has(self.placement) && has(self.placement.gpu) && has(self.placement.gpu.{field})"
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,91 @@ CEL_RULES: tuple[CelRule, ...] = (
         rule="self.kvHeads <= self.attentionHeads",
         message="kvHeads must not exceed attentionHeads",
         field_path=".kvHeads",
+    ),
+    # --- sizing pins, CPU serving, model cache, pod options ---
+    # One full-length sequence is the least vLLM starts with; the default maxModelLen is the
+    # model's own context, which admission cannot know, so the rule needs maxModelLen set.
+    CelRule(
+        path="spec.engine",
+        rule="!has(self.kvCacheTokens) || !has(self.maxModelLen)"
+        " || self.kvCacheTokens >= self.maxModelLen",
+        message="kvCacheTokens must hold at least one full-length sequence (maxModelLen tokens)",
+        field_path=".kvCacheTokens",
+    ),
+    CelRule(
+        path="spec.placement.gpu",
+        rule="!has(self.count) || !has(self.migProfile)",
+        message="pin either count (whole GPUs) or migProfile (one slice), not both",
+    ),
+    CelRule(
+        path="spec.placement.gpu",
+        rule="!has(self.migProfile) || !has(self.mig) || self.mig != 'Never'",
+        message="migProfile needs mig Auto or Required",
+        field_path=".migProfile",
+    ),
+    CelRule(
+        path="spec.placement.gpu",
+        rule="!has(self.count) || !has(self.mig) || self.mig != 'Required'",
+        message="count pins whole GPUs: it needs mig Auto or Never",
+        field_path=".count",
+    ),
+    # The pinned count is the tensor parallel degree: two different numbers cannot both hold.
+    CelRule(
+        path="spec",
+        rule=f"!({_gpu_pin('count')}) || !({_TP_INT})"
+        " || self.engine.tensorParallelSize == self.placement.gpu.count",
+        message="placement.gpu.count and engine.tensorParallelSize must be equal when both are set",
+        field_path=".placement.gpu.count",
+    ),
+    CelRule(
+        path="spec",
+        rule=f"!({_gpu_pin('migProfile')}) || !({_TP_INT}) || self.engine.tensorParallelSize <= 1",
+        message="a pinned migProfile allows no tensorParallelSize above 1",
+        field_path=".engine.tensorParallelSize",
+    ),
+    CelRule(
+        path="spec.placement",
+        rule="!has(self.device) || self.device != 'CPU' || !has(self.gpu)",
+        message="device CPU takes no gpu settings (no GPU, no MIG)",
+        field_path=".gpu",
+    ),
+    CelRule(
+        path="spec.modelCache",
+        rule="has(self.claimName) != has(self.ephemeral)",
+        message="set exactly one of claimName or ephemeral",
+    ),
+    # Weights on a volume are read where they are: there is nothing to download or cache.
+    CelRule(
+        path="spec",
+        rule="!has(self.modelCache) || !has(self.modelSource) || !has(self.modelSource.pvc)",
+        message="modelCache caches hub downloads; with modelSource.pvc nothing is downloaded",
+        field_path=".modelCache",
+    ),
+    # The operator's labels select and count its pods: a pod label of the same key would make
+    # its pods someone else's, or another revision's.
+    CelRule(
+        path="spec.pod",
+        rule="!has(self.labels) || self.labels.all(k, !k.startsWith('specdeploy.dev/')"
+        " && !k.startsWith('kueue.x-k8s.io/') && k != 'app.kubernetes.io/managed-by')",
+        message="pod.labels must not set the operator's own keys (specdeploy.dev/*, "
+        "kueue.x-k8s.io/*, app.kubernetes.io/managed-by)",
+        field_path=".labels",
+    ),
+    CelRule(
+        path="spec.pod",
+        rule="!has(self.labels) || self.labels.all(k, size(self.labels[k]) <= 63"
+        " && self.labels[k].matches('" + LABEL_VALUE_PATTERN + "'))",
+        message="pod.labels values must be label values (63 characters of [-A-Za-z0-9_.], "
+        "alphanumeric at both ends)",
+        field_path=".labels",
+    ),
+    CelRule(
+        path="spec.pod",
+        rule="!has(self.annotations) || self.annotations.all(k,"
+        " !k.startsWith('specdeploy.dev/') && !k.startsWith('prometheus.io/'))",
+        message="pod.annotations must not set the operator's own keys (specdeploy.dev/*, "
+        "prometheus.io/*)",
+        field_path=".annotations",
     ),
     CelRule(
         path="spec.placement.tolerations.items",

@@ -61,6 +61,7 @@ METHODS_WITHOUT_MODEL: frozenset[str] = frozenset({"ngram", "suffix", "none"})
 
 Dtype = Literal["bfloat16", "float16", "float32", "fp8", "int8", "int4"]
 MigPolicy = Literal["Auto", "Never", "Required"]
+Device = Literal["GPU", "CPU"]
 SpeculationPolicy = Literal["Enabled", "Disabled", "Auto"]
 InconclusivePolicy = Literal["Hold", "Promote", "Rollback"]
 CollapseAction = Literal["DisableSpeculation", "RollbackToPrevious", "AlertOnly"]
@@ -248,6 +249,16 @@ class EngineSpec(ApiModel):
     max_num_seqs: int | None = Field(
         default=None, ge=1, description="Maximum concurrent sequences (running batch size)."
     )
+    kv_cache_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "KV cache budget per replica in tokens (all running sequences together), which "
+            "sizing reserves on the device; at least maxModelLen (one full-length sequence). "
+            "vLLM turns whatever memory is left into more KV blocks. Default: maxModelLen x "
+            "min(maxNumSeqs, 16). docs/sizing.md has the arithmetic."
+        ),
+    )
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list,
         max_length=64,
@@ -327,6 +338,23 @@ class GpuPlacement(ApiModel):
             "whole GPUs only; Required fails sizing unless a slice fits (no tensor parallel)."
         ),
     )
+    count: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description=(
+            "Pinned number of whole GPUs per replica (tensor parallel size): the operator "
+            "checks that they hold the pair instead of choosing, and refuses a count too small."
+        ),
+    )
+    mig_profile: str | None = Field(
+        default=None,
+        pattern=r"^[0-9]+g\.[0-9]+gb$",
+        description=(
+            "Pinned MIG profile per replica, e.g. 3g.40gb: the operator checks that the slice "
+            "holds the pair instead of choosing, and refuses a slice too small."
+        ),
+    )
 
 
 class PlacementSpec(ApiModel):
@@ -338,6 +366,14 @@ class PlacementSpec(ApiModel):
     priority_class: str | None = Field(
         default=None,
         description="Kueue WorkloadPriorityClass (label kueue.x-k8s.io/priority-class).",
+    )
+    device: Device = Field(
+        default="GPU",
+        description=(
+            "GPU serves on GPUs or MIG slices; CPU serves on the host's CPUs with the "
+            "operator's CPU engine image (engineCpuImage), sized in host memory, for kind "
+            "clusters and laptops. CPU takes no gpu settings."
+        ),
     )
     gpu: GpuPlacement | None = Field(default=None, description="GPU product and MIG policy.")
     node_selector: dict[str, str] | None = Field(
@@ -351,6 +387,70 @@ class PlacementSpec(ApiModel):
         description=(
             "Enabled, Disabled or Auto; Auto speculates except on queues the operator is "
             "configured to treat as batch queues, where throughput matters more than latency."
+        ),
+    )
+
+
+# --- model cache and pod options ---------------------------------------------------------------
+
+
+class EphemeralCache(ApiModel):
+    """A generic ephemeral volume: a PVC made with each pod and deleted with it."""
+
+    size: Quantity = Field(description="Storage requested, e.g. 200Gi (more than the weights).")
+    storage_class_name: str | None = Field(
+        default=None, min_length=1, description="StorageClass; the cluster's default when unset."
+    )
+
+
+class ModelCacheSpec(ApiModel):
+    """A volume mounted as the engine's hub cache (HF_HOME), so restarts do not download again."""
+
+    claim_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "An existing PersistentVolumeClaim (ReadWriteMany when replicas share it; pre-warm "
+            "it as docs/operator.md shows)."
+        ),
+    )
+    ephemeral: EphemeralCache | None = Field(
+        default=None, description="A volume made per pod (survives container restarts)."
+    )
+
+
+class LocalObjectReference(ApiModel):
+    """A reference to an object of the same namespace, by name."""
+
+    name: str = Field(min_length=1, description="Name.")
+
+
+class PodOptions(ApiModel):
+    """What the engine pods carry for the cluster beside what the operator sets."""
+
+    labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="Extra pod labels; the operator's own keys (specdeploy.dev/*, "
+        "app.kubernetes.io/managed-by, kueue.x-k8s.io/*) are refused.",
+    )
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="Extra pod annotations; specdeploy.dev/* and prometheus.io/* are refused.",
+    )
+    service_account_name: str | None = Field(
+        default=None, min_length=1, description="ServiceAccount the engine pods run as."
+    )
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        default=None, max_length=16, description="Secrets for pulling the engine image."
+    )
+    priority_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Kubernetes PriorityClass for the kube scheduler (preemption between pods); "
+            "placement.priorityClass is Kueue's WorkloadPriorityClass (queueing order)."
         ),
     )
 
@@ -451,6 +551,17 @@ class SpeculativeDeploymentSpec(ApiModel):
         default_factory=PlacementSpec, description="Queue, GPUs, speculation policy."
     )
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Canary and guard.")
+    model_cache: ModelCacheSpec | None = Field(
+        default=None,
+        description=(
+            "Volume for the hub cache (downloads survive restarts); without one the pods "
+            "request ephemeral storage for the weights."
+        ),
+    )
+    pod: PodOptions | None = Field(
+        default=None,
+        description="Labels, annotations, ServiceAccount, pull secrets, PriorityClass of pods.",
+    )
     revision_history_limit: int = Field(
         default=5,
         ge=1,
@@ -484,7 +595,9 @@ class MemoryBreakdown(ApiModel):
 
     target_weights_gib: float = Field(alias="targetWeightsGiB", description="Target weights.")
     draft_weights_gib: float = Field(alias="draftWeightsGiB", description="Draft weights.")
-    kv_cache_gib: float = Field(alias="kvCacheGiB", description="KV cache for maxNumSeqs.")
+    kv_cache_gib: float = Field(
+        alias="kvCacheGiB", description="KV cache reserved for engine.kvCacheTokens."
+    )
     overhead_gib: float = Field(alias="overheadGiB", description="Activations and runtime.")
     required_gib: float = Field(alias="requiredGiB", description="Total for one replica.")
     per_device_gib: float = Field(
@@ -496,7 +609,10 @@ class SizingDecision(ApiModel):
     """What each replica gets: whole GPUs or a MIG slice, and why."""
 
     resource_name: str = Field(
-        description="Extended resource, e.g. nvidia.com/gpu or nvidia.com/mig-3g.40gb."
+        description=(
+            "Extended resource, e.g. nvidia.com/gpu or nvidia.com/mig-3g.40gb; memory for CPU "
+            "serving."
+        )
     )
     count: int = Field(ge=1, description="Devices per replica.")
     tensor_parallel_size: int = Field(ge=1, description="Target tensor parallel size.")
@@ -506,6 +622,20 @@ class SizingDecision(ApiModel):
         default_factory=dict, description="Node labels the sizing requires."
     )
     memory: MemoryBreakdown | None = Field(default=None, description="Memory estimate.")
+    kv_cache_tokens: int | None = Field(
+        default=None,
+        description=(
+            "Tokens of KV cache the chosen device holds once weights and overhead are in "
+            "(target and draft layers), at gpuMemoryUtilization."
+        ),
+    )
+    full_length_sequences: int | None = Field(
+        default=None, description="kvCacheTokens / maxModelLen: full-length sequences that fit."
+    )
+    host_memory: str | None = Field(
+        default=None,
+        description="CPU serving: memory request and limit per replica (weights + KV + overhead).",
+    )
     message: str = Field(default="", description="Why this size.")
 
 

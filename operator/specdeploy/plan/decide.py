@@ -10,7 +10,7 @@ handler applies that. Each step's result is an input of the next, never patched 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -57,7 +57,7 @@ from specdeploy.plan.rollout import (
     read_revision_deployment,
     resolve_stable,
 )
-from specdeploy.plan.sizing import ShapeUnknown, Unschedulable, size_pair
+from specdeploy.plan.sizing import ShapeUnknown, Unschedulable, keep_sizing, size_pair
 from specdeploy.plan.speculation import decide_speculation, served_spec
 from specdeploy.plan.status import (
     ObservedRollout,
@@ -210,10 +210,30 @@ def serve_pair(
     *,
     catalog: Sequence[GpuProduct],
     fetched_shapes: Mapping[str, ModelShape],
+    known_devices: Sequence[GpuNodeInventory] = (),
+    existing: Collection[str] = (),
 ) -> ServedPair:
-    """The served spec, what one replica of it runs on, and the revision those pods make."""
+    """The served spec, what one replica of it runs on, and the revision those pods make.
+
+    `known_devices` (every node, cordoned ones too) and `existing` (the revisions that have
+    Deployments) keep a serving revision's device: a node cordoned, drained or added changes the
+    inventory, not the pair, so a revision that exists keeps its device while some known node
+    still gives it.
+    """
     served = sd.model_copy(update={"spec": served_spec(sd.spec, speculation)})
     sized = size_pair(served.spec, inventory, config, catalog, fetched_shapes)
+    previous = sd.status.sizing if sd.status else None
+    if previous is not None and existing:
+        kept = keep_sizing(
+            served.spec,
+            previous,
+            known_devices,
+            config,
+            catalog=catalog,
+            fetched_shapes=fetched_shapes,
+        )
+        if kept is not None and revision_hash(served.spec, kept, config) in existing:
+            sized = kept
     revision = (
         revision_hash(served.spec, sized, config) if isinstance(sized, SizingDecision) else None
     )
@@ -233,6 +253,10 @@ def decide(
     status = sd.status
     settings = config.analysis_for(spec.rollout.analysis)
     inventory = read_gpu_inventories(snapshot.nodes, catalog)
+    known_devices = read_gpu_inventories(snapshot.nodes, catalog, include_cordoned=True)
+    found = (read_revision_deployment(d) for d in snapshot.deployments)
+    revisions = [r for r in found if r is not None]
+    existing = {r.revision for r in revisions}
 
     def serve(speculation: SpeculationStatus) -> ServedPair:
         return serve_pair(
@@ -242,6 +266,8 @@ def decide(
             config,
             catalog=catalog,
             fetched_shapes=snapshot.fetched_shapes,
+            known_devices=known_devices,
+            existing=existing,
         )
 
     # The pair the spec names, and the collapse guard watching it while it serves.
@@ -267,8 +293,6 @@ def decide(
         served, sized, desired_revision = serve(speculation)
     sizing = sized if isinstance(sized, SizingDecision) else None
 
-    found = (read_revision_deployment(d) for d in snapshot.deployments)
-    revisions = [r for r in found if r is not None]
     has_draft = served.spec.pair.draft.method != "none"
     pair = judge_pair(
         desired_revision,

@@ -214,18 +214,23 @@ def _with_reported_memory(profile: MigProfile, labels: Mapping[str, str]) -> Mig
 
 
 def read_gpu_inventory(
-    node: Mapping[str, Any], catalog: Iterable[GpuProduct] = GPU_PRODUCTS
+    node: Mapping[str, Any],
+    catalog: Iterable[GpuProduct] = GPU_PRODUCTS,
+    *,
+    include_cordoned: bool = False,
 ) -> GpuNodeInventory | None:
     """Reads one Node object into its GPU inventory; None when it offers no GPU at all.
 
-    Cordoned nodes offer nothing. Under the `mixed` strategy every `nvidia.com/mig-<profile>`
-    allocatable resource is a slice offer and `nvidia.com/gpu` counts whole GPUs; under `single`
-    the node's `nvidia.com/gpu` units are slices of the profile its product label names.
+    Cordoned nodes offer nothing, unless `include_cordoned` (the devices the cluster knows,
+    which keep a serving revision's sizing while a node is drained). Under the `mixed` strategy
+    every `nvidia.com/mig-<profile>` allocatable resource is a slice offer and `nvidia.com/gpu`
+    counts whole GPUs; under `single` the node's `nvidia.com/gpu` units are slices of the profile
+    its product label names.
     """
     catalog = tuple(catalog)
     metadata = node.get("metadata") or {}
     labels: dict[str, str] = dict(metadata.get("labels") or {})
-    if (node.get("spec") or {}).get("unschedulable"):
+    if (node.get("spec") or {}).get("unschedulable") and not include_cordoned:
         return None
     allocatable: Mapping[str, Any] = (node.get("status") or {}).get("allocatable") or {}
     gpu_units = _quantity_count(allocatable.get(WHOLE_GPU_RESOURCE, 0))
@@ -304,11 +309,14 @@ def read_gpu_inventory(
 
 
 def read_gpu_inventories(
-    nodes: Iterable[Mapping[str, Any]], catalog: Iterable[GpuProduct] = GPU_PRODUCTS
+    nodes: Iterable[Mapping[str, Any]],
+    catalog: Iterable[GpuProduct] = GPU_PRODUCTS,
+    *,
+    include_cordoned: bool = False,
 ) -> list[GpuNodeInventory]:
     """Reads every node that offers GPUs or MIG slices, in node-name order."""
     catalog = tuple(catalog)
-    found = (read_gpu_inventory(n, catalog) for n in nodes)
+    found = (read_gpu_inventory(n, catalog, include_cordoned=include_cordoned) for n in nodes)
     return sorted((i for i in found if i is not None), key=lambda i: i.node_name)
 
 

@@ -1,16 +1,21 @@
 """GPU and MIG sizing of a pair: how much device memory one replica needs, and what gives it.
 
-memory = target weights + draft weights + KV cache (target and draft layers, at maxModelLen x
-maxNumSeqs) + engine overhead per device, all divided by gpuMemoryUtilization. The smallest MIG
-slice that fits wins (policy Auto or Required); else the fewest whole GPUs of one node with a
-valid tensor-parallel degree; else the pair is Unschedulable, with the numbers. docs/sizing.md
-walks through the arithmetic for the examples.
+memory = target weights + draft weights + KV cache (target and draft layers, for the KV budget
+engine.kvCacheTokens, by default maxModelLen x min(maxNumSeqs, 16), never below one maxModelLen
+sequence) + engine overhead per device, all divided by gpuMemoryUtilization. vLLM itself turns
+whatever is left of gpuMemoryUtilization into KV blocks, so the decision also says how many tokens
+(and full-length sequences) the chosen device holds. The smallest MIG slice that fits wins (policy
+Auto or Required); else the fewest whole GPUs of one node with a valid tensor-parallel degree;
+else the pair is Unschedulable, with the numbers. A pinned device (placement.gpu.count or
+.migProfile) is checked rather than chosen. CPU serving (placement.device CPU) is sized in host
+memory. docs/sizing.md walks through the arithmetic for the examples.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import MemoryBreakdown, ModelShape, SizingDecision
@@ -43,6 +48,14 @@ ENGINE_OVERHEAD_GIB_PER_DEVICE = 2.0
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_MAX_NUM_SEQS = 16
+# Without engine.kvCacheTokens, sizing reserves KV for this many full-length sequences (fewer
+# when maxNumSeqs is lower): enough for interactive serving; vLLM fills the rest of the device
+# with more KV blocks anyway, and a batch queue states its own budget.
+DEFAULT_KV_SEQUENCES = 16
+# What a CPU vLLM process holds beside weights and its KV space (VLLM_CPU_KVCACHE_SPACE):
+# Python, torch, tokenizer, activations; about 3 GiB measured with the tiny models.
+CPU_OVERHEAD_GIB = 3.0
+CPU_MEMORY_RESOURCE = "memory"
 # Draft methods that load a separate checkpoint into device memory.
 METHODS_WITH_DRAFT_WEIGHTS = frozenset({"eagle3", "eagle", "draft_model", "mtp"})
 
@@ -142,6 +155,26 @@ class MemoryNeed:
     draft_weights_gib: float
     kv_cache_gib: float
     gpu_memory_utilization: float
+    #: KV bytes one cached token takes (target and draft layers).
+    kv_bytes_per_token: float = 0.0
+    #: The context one sequence may reach (maxModelLen, or the default sizing assumes).
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    #: The KV budget reserved, in tokens.
+    kv_tokens: int = 0
+
+    def tokens_held(self, device_gib: float, devices: int) -> int:
+        """KV tokens `devices` devices of `device_gib` hold once weights and overhead are in."""
+        usable = device_gib * devices * self.gpu_memory_utilization
+        free = usable - self.target_weights_gib - self.draft_weights_gib
+        free -= ENGINE_OVERHEAD_GIB_PER_DEVICE * devices
+        if free <= 0 or self.kv_bytes_per_token <= 0:
+            return 0
+        return int(free * GIB // self.kv_bytes_per_token)
+
+    def held(self, device_gib: float, devices: int) -> tuple[int, int]:
+        """(KV tokens, full-length sequences) the devices hold."""
+        tokens = self.tokens_held(device_gib, devices)
+        return tokens, tokens // self.max_model_len
 
     def breakdown(self, devices: int) -> MemoryBreakdown:
         """The breakdown when the replica spans `devices` devices (each pays the overhead)."""
@@ -170,27 +203,43 @@ def weights_gib(shape: ModelShape) -> float:
     return shape.parameters_billion * 1e9 * bytes_per_parameter(shape) / GIB
 
 
+def kv_bytes_per_token(shape: ModelShape) -> int:
+    """KV bytes of one cached token: 2 (K and V) x layers x kvHeads x headDim x bytes."""
+    return 2 * shape.layers * shape.kv_heads * head_dim(shape) * kv_bytes_per_element(shape)
+
+
 def kv_cache_gib(shape: ModelShape, tokens: int) -> float:
-    """KV cache for `tokens` cached tokens: 2 (K and V) x layers x kvHeads x headDim x bytes."""
-    per_token = 2 * shape.layers * shape.kv_heads * head_dim(shape) * kv_bytes_per_element(shape)
-    return per_token * tokens / GIB
+    """KV cache for `tokens` cached tokens of this model."""
+    return kv_bytes_per_token(shape) * tokens / GIB
+
+
+def kv_budget_tokens(spec: Spec) -> int:
+    """The KV tokens sizing reserves: engine.kvCacheTokens, else maxModelLen x
+    min(maxNumSeqs, 16); never below one full-length sequence (maxModelLen tokens)."""
+    engine = spec.engine
+    max_model_len = engine.max_model_len or DEFAULT_MAX_MODEL_LEN
+    if engine.kv_cache_tokens is not None:
+        return max(engine.kv_cache_tokens, max_model_len)
+    sequences = min(engine.max_num_seqs or DEFAULT_MAX_NUM_SEQS, DEFAULT_KV_SEQUENCES)
+    return max_model_len * sequences
 
 
 def memory_need(spec: Spec, shapes: PairShapes) -> MemoryNeed:
-    """The pair's memory for maxModelLen x maxNumSeqs cached tokens (defaults where unset)."""
+    """The pair's memory for its KV budget (kv_budget_tokens), weights and utilization."""
     engine = spec.engine
-    tokens = (engine.max_model_len or DEFAULT_MAX_MODEL_LEN) * (
-        engine.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    )
+    tokens = kv_budget_tokens(spec)
     draft_weights = weights_gib(shapes.draft) if shapes.draft else 0.0
-    kv = kv_cache_gib(shapes.target, tokens)
+    per_token = kv_bytes_per_token(shapes.target)
     if shapes.draft is not None:
-        kv += kv_cache_gib(shapes.draft, tokens)
+        per_token += kv_bytes_per_token(shapes.draft)
     return MemoryNeed(
         target_weights_gib=weights_gib(shapes.target),
         draft_weights_gib=draft_weights,
-        kv_cache_gib=kv,
+        kv_cache_gib=per_token * tokens / GIB,
         gpu_memory_utilization=engine.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION,
+        kv_bytes_per_token=per_token,
+        max_model_len=engine.max_model_len or DEFAULT_MAX_MODEL_LEN,
+        kv_tokens=tokens,
     )
 
 
@@ -221,11 +270,15 @@ def _product_matches(node: GpuNodeInventory, wanted: GpuProduct | str | None) ->
 
 
 def choose_mig_profile(
-    need: MemoryNeed, nodes: Iterable[GpuNodeInventory], wanted: GpuProduct | str | None = None
+    need: MemoryNeed,
+    nodes: Iterable[GpuNodeInventory],
+    wanted: GpuProduct | str | None = None,
+    profile: str | None = None,
 ) -> tuple[GpuNodeInventory, MigOffer] | None:
     """The smallest MIG slice offered in the cluster that holds the whole replica (no TP).
 
     Smallest means least memory, then fewest compute slices; ties go to the node name.
+    `profile` pins the slice: only offers of that profile count.
     """
     required = need.per_device_gib(1)
     fitting = [
@@ -233,7 +286,9 @@ def choose_mig_profile(
         for node in nodes
         if _product_matches(node, wanted)
         for offer in node.mig_offers
-        if offer.count > 0 and offer.profile.memory_gib >= required
+        if offer.count > 0
+        and offer.profile.memory_gib >= required
+        and (profile is None or offer.profile.name == profile)
     ]
     if not fitting:
         return None
@@ -308,6 +363,163 @@ def _describe(memory: MemoryBreakdown, utilization: float) -> str:
     )
 
 
+def _pinned_refusal(
+    need: MemoryNeed,
+    *,
+    target: ModelShape,
+    nodes: Sequence[GpuNodeInventory],
+    catalog: Sequence[GpuProduct],
+    wanted: GpuProduct | str | None,
+    count: int | None,
+    profile: str | None,
+) -> str | None:
+    """Why a pinned device cannot hold the replica, with the arithmetic; None when the pin
+    holds it by memory (then no node offers it)."""
+    utilization = need.gpu_memory_utilization
+    if profile is not None:
+        offered = [
+            o.profile
+            for n in nodes
+            if _product_matches(n, wanted)
+            for o in n.mig_offers
+            if o.profile.name == profile
+        ]
+        known = offered or [
+            p
+            for product in catalog
+            if wanted is None or wanted in (product, product.name)
+            for p in product.mig_profiles
+            if p.name == profile
+        ]
+        if not known:
+            return None
+        slice_ = max(known, key=lambda p: p.memory_gib)
+        device, devices, device_gib = f"MIG {profile}", 1, slice_.memory_gib
+    else:
+        assert count is not None
+        if count not in valid_tensor_parallel_sizes(target, count):
+            return (
+                f"the pinned count {count} is no valid tensor parallel size: it must be a power "
+                f"of two dividing the target's {target.attention_heads} attention heads and "
+                f"{target.kv_heads} KV heads"
+            )
+        products = [
+            n.product
+            for n in nodes
+            if n.product is not None and n.whole_gpus >= count and _product_matches(n, wanted)
+        ]
+        if not products and isinstance(wanted, GpuProduct):
+            products = [wanted]
+        if not products:
+            return None
+        product = max(products, key=lambda p: p.memory_gib)
+        device, devices, device_gib = f"{count} x {product.name}", count, product.memory_gib
+    per_device = need.per_device_gib(devices)
+    if per_device <= device_gib:
+        return None
+    tokens = need.tokens_held(device_gib, devices)
+    memory = need.breakdown(devices)
+    return (
+        f"the pinned device {device} ({device_gib:.1f} GiB each) is too small: it needs "
+        f"{per_device:.1f} GiB per device, {_describe(memory, utilization)}; after weights and "
+        f"overhead {devices} x {device_gib:.1f} GiB x {utilization:g} holds {tokens} KV tokens, "
+        f"below the budget of {need.kv_tokens} (engine.kvCacheTokens; one full-length sequence "
+        f"is {need.max_model_len})"
+    )
+
+
+def _held_fields(need: MemoryNeed, device_gib: float, devices: int) -> dict[str, int]:
+    tokens, sequences = need.held(device_gib, devices)
+    return {"kv_cache_tokens": tokens, "full_length_sequences": sequences}
+
+
+def nodes_giving(
+    decision: SizingDecision, nodes: Iterable[GpuNodeInventory]
+) -> list[GpuNodeInventory]:
+    """The nodes, reduced to the offers that give exactly `decision`'s device (its resource,
+    MIG profile and count, on nodes matching its node selector)."""
+    found: list[GpuNodeInventory] = []
+    for node in nodes:
+        if any(node.labels.get(k) != v for k, v in decision.node_selector.items()):
+            continue
+        if decision.mig_profile is not None:
+            offers = tuple(
+                o
+                for o in node.mig_offers
+                if o.profile.name == decision.mig_profile
+                and o.resource_name == decision.resource_name
+            )
+            if offers:
+                found.append(replace(node, whole_gpus=0, mig_offers=offers))
+        elif decision.resource_name == WHOLE_GPU_RESOURCE and node.whole_gpus >= decision.count:
+            found.append(replace(node, mig_offers=()))
+    return found
+
+
+def keep_sizing(
+    spec: Spec,
+    previous: SizingDecision,
+    known_nodes: Sequence[GpuNodeInventory],
+    config: OperatorConfig,
+    *,
+    catalog: Sequence[GpuProduct] | None = None,
+    fetched_shapes: Mapping[str, ModelShape] | None = None,
+) -> SizingDecision | None:
+    """`previous` re-decided for `spec` on the devices that give it, among every node the
+    cluster knows (cordoned ones too); None when the spec's policy, pins or memory no longer
+    allow that device, or for CPU serving (which no node changes)."""
+    if previous.host_memory is not None or spec.placement.device == "CPU":
+        return None
+    result = size_pair(spec, nodes_giving(previous, known_nodes), config, catalog, fetched_shapes)
+    if not isinstance(result, SizingDecision):
+        return None
+    same = (
+        result.resource_name == previous.resource_name
+        and result.count == previous.count
+        and result.node_selector == previous.node_selector
+    )
+    return result if same else None
+
+
+def size_for_cpu(need: MemoryNeed) -> SizingDecision:
+    """CPU serving: host memory for weights, the KV space (whole GiB, as vLLM's CPU backend
+    takes VLLM_CPU_KVCACHE_SPACE) and the process's overhead; no GPU, no MIG."""
+    kv_gib = float(max(1, math.ceil(need.kv_cache_gib)))
+    required = need.target_weights_gib + need.draft_weights_gib + kv_gib + CPU_OVERHEAD_GIB
+    host = math.ceil(required)
+    tokens = int(kv_gib * GIB // need.kv_bytes_per_token) if need.kv_bytes_per_token else 0
+    memory = MemoryBreakdown(
+        target_weights_gib=round(need.target_weights_gib, 2),
+        draft_weights_gib=round(need.draft_weights_gib, 2),
+        kv_cache_gib=kv_gib,
+        overhead_gib=CPU_OVERHEAD_GIB,
+        required_gib=round(required, 2),
+        per_device_gib=round(required, 2),
+    )
+    return SizingDecision(
+        resource_name=CPU_MEMORY_RESOURCE,
+        count=1,
+        tensor_parallel_size=1,
+        memory=memory,
+        kv_cache_tokens=tokens,
+        full_length_sequences=tokens // need.max_model_len,
+        host_memory=f"{host}Gi",
+        message=(
+            f"CPU serving: {host}Gi of host memory = target weights "
+            f"{memory.target_weights_gib:.2f} + draft weights {memory.draft_weights_gib:.2f} + "
+            f"KV space {kv_gib:g} (VLLM_CPU_KVCACHE_SPACE) + overhead {CPU_OVERHEAD_GIB:g} GiB, "
+            f"rounded up"
+        ),
+    )
+
+
+def cpu_kv_space_gib(sizing: SizingDecision) -> int | None:
+    """VLLM_CPU_KVCACHE_SPACE for a CPU sizing decision (None for GPU sizing)."""
+    if sizing.host_memory is None or sizing.memory is None:
+        return None
+    return int(sizing.memory.kv_cache_gib)
+
+
 def size_pair(
     spec: Spec,
     nodes: Sequence[GpuNodeInventory],
@@ -319,21 +531,28 @@ def size_pair(
 
     Order: with MIG policy Auto or Required, the smallest MIG slice that fits (tensor parallel
     1); with Auto or Never, the fewest whole GPUs of one node; else Unschedulable with the
-    memory it needs and the largest option the cluster has. Shapes come from the spec, the
-    shipped catalog, then `fetched_shapes`; without them the answer is ShapeUnknown.
+    memory it needs and the largest option the cluster has. A pinned count or MIG profile
+    restricts the choice to that device, and a pin too small is Unschedulable with the
+    arithmetic. CPU serving needs no node inventory. Shapes come from the spec, the shipped
+    catalog, then `fetched_shapes`; without them the answer is ShapeUnknown.
     """
     products = tuple(catalog) if catalog is not None else catalog_for_config(config, GPU_PRODUCTS)
     shapes = resolve_shapes(spec, fetched_shapes or {})
     if isinstance(shapes, ShapeUnknown):
         return shapes
     need = memory_need(spec, shapes)
-    mig_policy = spec.placement.gpu.mig if spec.placement.gpu else "Auto"
+    if spec.placement.device == "CPU":
+        return size_for_cpu(need)
+    gpu = spec.placement.gpu
+    mig_policy = gpu.mig if gpu else "Auto"
+    pinned_count = gpu.count if gpu else None
+    pinned_profile = gpu.mig_profile if gpu else None
     wanted = _wanted_product(spec, products)
     forced_tp = spec.engine.tensor_parallel_size
-    forced = forced_tp if isinstance(forced_tp, int) else None
+    forced = pinned_count or (forced_tp if isinstance(forced_tp, int) else None)
 
-    if mig_policy != "Never" and forced in (None, 1):
-        mig = choose_mig_profile(need, nodes, wanted)
+    if mig_policy != "Never" and pinned_count is None and forced in (None, 1):
+        mig = choose_mig_profile(need, nodes, wanted, pinned_profile)
         if mig is not None:
             node, offer = mig
             memory = need.breakdown(1)
@@ -343,6 +562,8 @@ def size_pair(
                 offer.resource_name == WHOLE_GPU_RESOURCE or wanted is not None
             ):
                 selector[PRODUCT_LABEL] = node.product_label
+            held = _held_fields(need, offer.profile.memory_gib, 1)
+            chosen = "the pinned slice" if pinned_profile else "the smallest slice that"
             return SizingDecision(
                 resource_name=offer.resource_name,
                 count=1,
@@ -351,19 +572,23 @@ def size_pair(
                 mig_profile=offer.profile.name,
                 node_selector=selector,
                 memory=memory,
+                **held,
                 message=(
-                    f"MIG {offer.profile.name} ({offer.profile.memory_gib:.1f} GiB) is the "
-                    f"smallest slice that holds {_describe(memory, need.gpu_memory_utilization)}"
+                    f"MIG {offer.profile.name} ({offer.profile.memory_gib:.1f} GiB) is {chosen} "
+                    f"holds {_describe(memory, need.gpu_memory_utilization)}; it holds "
+                    f"{held['kv_cache_tokens']} KV tokens, "
+                    f"{held['full_length_sequences']} full-length sequences"
                 ),
             )
 
-    if mig_policy != "Required":
+    if mig_policy != "Required" and pinned_profile is None:
         whole = choose_whole_gpus(need, shapes.target, nodes, wanted, forced)
         if whole is not None:
             product, node, tp = whole
             memory = need.breakdown(tp)
             selector = {PRODUCT_LABEL: node.product_label} if node.product_label else {}
             noun = "GPU" if tp == 1 else "GPUs"
+            held = _held_fields(need, product.memory_gib, tp)
             return SizingDecision(
                 resource_name=WHOLE_GPU_RESOURCE,
                 count=tp,
@@ -372,12 +597,38 @@ def size_pair(
                 mig_profile=None,
                 node_selector=selector,
                 memory=memory,
+                **held,
                 message=(
                     f"{tp} {product.name} {noun} with tensor parallel {tp} "
                     f"({memory.per_device_gib:.1f} of {product.memory_gib:.1f} GiB each) hold "
-                    f"{_describe(memory, need.gpu_memory_utilization)}"
+                    f"{_describe(memory, need.gpu_memory_utilization)}; they hold "
+                    f"{held['kv_cache_tokens']} KV tokens, "
+                    f"{held['full_length_sequences']} full-length sequences"
                 ),
             )
+
+    if pinned_count is not None or pinned_profile is not None:
+        refusal = _pinned_refusal(
+            need,
+            target=shapes.target,
+            nodes=nodes,
+            catalog=products,
+            wanted=wanted,
+            count=pinned_count,
+            profile=pinned_profile,
+        )
+        if refusal is not None:
+            devices = pinned_count or 1
+            return Unschedulable(memory=need.breakdown(devices), message=refusal)
+        device = f"MIG {pinned_profile}" if pinned_profile else f"{pinned_count} whole GPUs"
+        scope = f" of product {gpu.product}" if gpu and gpu.product else ""
+        return Unschedulable(
+            memory=need.breakdown(pinned_count or 1),
+            message=(
+                f"the pinned device {device} would hold the pair, but no schedulable node "
+                f"offers it{scope}"
+            ),
+        )
 
     relevant = [n for n in nodes if _product_matches(n, wanted)]
     if mig_policy == "Required":
