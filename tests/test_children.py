@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from specdeploy.api.config import OperatorConfig
-from specdeploy.api.models import SizingDecision, SpeculativeDeployment
+from specdeploy.api.models import MemoryBreakdown, SizingDecision, SpeculativeDeployment
 from specdeploy.plan.children import (
     build_pod_monitor,
     build_revision_deployment,
@@ -16,6 +16,8 @@ from specdeploy.plan.children import (
     pod_selector,
 )
 from specdeploy.plan.kueue import kueue_labels
+from specdeploy.plan.revision import revision_hash
+from specdeploy.plan.sizing import size_pair
 from specdeploy.plan.vllm_args import build_vllm_args
 
 BODY: dict[str, Any] = {
@@ -192,3 +194,128 @@ def test_child_of_an_unsaved_resource_is_refused(sd: SpeculativeDeployment) -> N
     unsaved = sd.model_copy(update={"metadata": sd.metadata.model_copy(update={"uid": None})})
     with pytest.raises(ValueError, match="no uid"):
         build_service(unsaved)
+
+
+# --- model cache, ephemeral storage, pod options, CPU serving ------------------------------------
+
+WEIGHED = SIZING.model_copy(
+    update={
+        "memory": MemoryBreakdown(
+            targetWeightsGiB=14.96,
+            draftWeightsGiB=0.78,
+            kvCacheGiB=8.25,
+            overheadGiB=2.0,
+            requiredGiB=28.25,
+            perDeviceGiB=14.1,
+        )
+    }
+)
+
+
+def _with(**spec: Any) -> SpeculativeDeployment:
+    return SpeculativeDeployment.from_body({**BODY, "spec": {**BODY["spec"], **spec}})
+
+
+def _pod(sd: SpeculativeDeployment, sizing: SizingDecision | None = WEIGHED) -> dict[str, Any]:
+    template: dict[str, Any] = build_revision_deployment(
+        sd, "0123456789", sizing, OperatorConfig()
+    )["spec"]["template"]
+    return template
+
+
+def _env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in _engine({"spec": {"template": pod}})["env"]}
+
+
+def test_hub_downloads_without_a_cache_request_ephemeral_storage_for_the_weights(
+    sd: SpeculativeDeployment,
+) -> None:
+    pod = _pod(sd)
+    requests = _engine({"spec": {"template": pod}})["resources"]["requests"]
+    # (14.96 + 0.78) x 1.1 + 1 = 18.3 -> 19Gi; a request only: a limit would evict the pod.
+    assert requests["ephemeral-storage"] == "19Gi"
+    assert "ephemeral-storage" not in _engine({"spec": {"template": pod}})["resources"]["limits"]
+    assert "HF_HOME" not in _env_of(pod)
+
+
+def test_weights_on_a_volume_need_no_ephemeral_storage() -> None:
+    pod = _pod(_with(modelSource={"pvc": {"claimName": "models"}}))
+    assert "ephemeral-storage" not in _engine({"spec": {"template": pod}})["resources"]["requests"]
+
+
+def test_a_cache_claim_is_mounted_as_the_hub_cache() -> None:
+    pod = _pod(_with(modelCache={"claimName": "hf-cache"}))
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}} in pod[
+        "spec"
+    ]["volumes"]
+    engine = _engine({"spec": {"template": pod}})
+    assert {"name": "model-cache", "mountPath": "/var/cache/specdeploy/huggingface"} in engine[
+        "volumeMounts"
+    ]
+    env = _env_of(pod)
+    assert env["HF_HOME"] == "/var/cache/specdeploy/huggingface"
+    assert env["HF_HUB_CACHE"] == "/var/cache/specdeploy/huggingface/hub"
+    assert "ephemeral-storage" not in engine["resources"]["requests"]
+
+
+def test_an_ephemeral_cache_is_a_generic_ephemeral_volume() -> None:
+    pod = _pod(_with(modelCache={"ephemeral": {"size": "200Gi", "storageClassName": "fast"}}))
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "model-cache"]
+    assert volume["ephemeral"] == {
+        "volumeClaimTemplate": {
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "200Gi"}},
+                "storageClassName": "fast",
+            }
+        }
+    }
+
+
+def test_pod_options_reach_the_pod_template_beside_the_operators_own() -> None:
+    sd = _with(
+        pod={
+            "labels": {"team": "search"},
+            "annotations": {"sidecar.istio.io/inject": "false"},
+            "serviceAccountName": "llm",
+            "imagePullSecrets": [{"name": "registry"}],
+            "priorityClassName": "serving-high",
+        }
+    )
+    pod = _pod(sd)
+    assert pod["metadata"]["labels"]["team"] == "search"
+    assert pod["metadata"]["labels"]["specdeploy.dev/name"] == "llama8b"
+    assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert pod["spec"]["serviceAccountName"] == "llm"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod["spec"]["priorityClassName"] == "serving-high"
+    # Kueue's WorkloadPriorityClass stays a label of the Deployment.
+    deployment = build_revision_deployment(sd, "0123456789", WEIGHED, OperatorConfig())
+    assert deployment["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+
+
+def test_pod_options_are_in_the_revision_hash() -> None:
+    plain = _with()
+    labelled = _with(pod={"labels": {"team": "search"}})
+    cached = _with(modelCache={"claimName": "hf-cache"})
+    hashes = {revision_hash(s.spec, WEIGHED, OperatorConfig()) for s in (plain, labelled, cached)}
+    assert len(hashes) == 3
+
+
+def test_cpu_serving_uses_the_cpu_image_and_host_memory_and_no_gpu() -> None:
+    spec = {**BODY["spec"], "placement": {"device": "CPU"}, "engine": {}}
+    sd = SpeculativeDeployment.from_body({**BODY, "spec": spec})
+    sizing = size_pair(sd.spec, [], OperatorConfig())
+    assert isinstance(sizing, SizingDecision)
+    config = OperatorConfig(engineCpuImage="specdeploy/engine-cpu:test")
+    pod = build_revision_deployment(sd, "0123456789", sizing, config)["spec"]["template"]
+    engine = _engine({"spec": {"template": pod}})
+    assert engine["image"] == "specdeploy/engine-cpu:test"
+    resources = engine["resources"]
+    assert not [r for r in {**resources["requests"], **resources["limits"]} if "nvidia" in r]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == sizing.host_memory
+    assert "nodeSelector" not in pod["spec"]
+    # The default budget, 16 x 8192 tokens x 132 KiB (target + head) = 16.5 GiB, in whole GiB.
+    assert _env_of(pod)["VLLM_CPU_KVCACHE_SPACE"] == "17"
+    assert sizing.host_memory == "36Gi"  # 14.96 + 0.78 + 17 + 3 = 35.7

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from fake_kube import FakeKube
+from fake_kube import FakeKube, kwok_gpu_nodes
 from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.reconcile import Reconciler
 
@@ -207,3 +207,48 @@ def test_a_model_outside_the_catalog_is_sized_from_its_config_json() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_cordoning_the_mig_node_keeps_the_serving_revision_and_its_slice() -> None:
+    """Draining the node under a `mig: Auto` SD changes the inventory, not the pair: no new
+    revision is made, and none when the node comes back."""
+    kube, reconciler, _ = setup(sd_body())
+    kube.nodes = kwok_gpu_nodes()
+    reconciler.reconcile("ns", "chat")
+    kube.make_ready()
+    reconciler.reconcile("ns", "chat")
+    [serving] = kube.deployments()
+    assert status(kube)["sizing"]["resourceName"] == "nvidia.com/mig-3g.40gb"
+
+    for node in kube.nodes:
+        if node["metadata"]["name"] == "kwok-h100-mig-0":
+            node["spec"] = {"unschedulable": True}
+    for _ in range(2):
+        reconciler.reconcile("ns", "chat")
+    assert list(kube.deployments()) == [serving]
+    assert status(kube)["sizing"]["resourceName"] == "nvidia.com/mig-3g.40gb"
+
+    for node in kube.nodes:
+        node["spec"] = {}
+    reconciler.reconcile("ns", "chat")
+    assert list(kube.deployments()) == [serving]
+
+
+def test_a_spec_change_while_the_mig_node_is_cordoned_is_sized_afresh() -> None:
+    kube, reconciler, _ = setup(sd_body("r1"))
+    reconciler.reconcile("ns", "chat")
+    kube.make_ready()
+    reconciler.reconcile("ns", "chat")
+    kube.nodes = [
+        {**NODES[0], "spec": {"unschedulable": True}},
+        {
+            "metadata": {"name": "whole", "labels": {"nvidia.com/gpu.product": H100}},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+        },
+    ]
+    kube.objects[("SpeculativeDeployment", "ns", "chat")]["spec"]["pair"]["draft"]["revision"] = (
+        "r2"
+    )
+    reconciler.reconcile("ns", "chat")
+    assert len(kube.deployments()) == 2
+    assert status(kube)["sizing"]["resourceName"] == "nvidia.com/gpu"

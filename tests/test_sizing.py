@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import ModelShape, SizingDecision
@@ -23,10 +25,13 @@ from specdeploy.plan.sizing import (
     GIB,
     ShapeUnknown,
     Unschedulable,
+    keep_sizing,
+    kv_budget_tokens,
     models_needing_shapes,
     size_pair,
     valid_tensor_parallel_sizes,
 )
+from specdeploy.plan.speculation import decide_speculation, served_spec
 
 CONFIG = OperatorConfig()
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -453,3 +458,205 @@ def test_reported_slice_memory_from_node_labels_wins_over_the_name() -> None:
     # 38.5 GiB: above 95 % of 40 GB (38.0), below the reported 39.4 GiB.
     decision = decided(size_pair(spec_needing(38.5), nodes, CONFIG))
     assert decision.mig_profile == "3g.40gb"
+
+
+# --- the KV budget, what the device holds, pins --------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def example_spec(filename: str) -> Spec:
+    body = yaml.safe_load((EXAMPLES / filename).read_text(encoding="utf-8"))
+    return Spec.model_validate(body["spec"])
+
+
+def test_the_batch_example_sizes_to_one_gpu_with_its_stated_kv_budget() -> None:
+    spec = example_spec("llama-8b-batch-queue.yaml")
+    assert spec.engine.kv_cache_tokens == 32 * 8192
+    config = OperatorConfig(batch_queues=["batch"])
+    served = served_spec(spec, decide_speculation(spec, config))
+    assert served.pair.draft.method == "none"
+    decision = decided(size_pair(served, bed_nodes(), config))
+    assert decision.resource_name == "nvidia.com/gpu"
+    assert decision.count == 1
+    assert decision.gpu_product == H100
+    assert decision.memory is not None
+    # 128 KiB per token x 262,144 tokens = 32 GiB of KV; (14.96 + 32 + 2) / 0.9 = 54.4 GiB.
+    assert decision.memory.kv_cache_gib == pytest.approx(32.0, abs=0.01)
+    assert decision.memory.required_gib == pytest.approx(54.4, abs=0.05)
+    # What one H100 holds: 79.65 x 0.9 - 14.96 - 2 = 54.72 GiB of KV = 448,295 tokens.
+    held = int((81559 / 1024 * 0.9 - 8.03e9 * 2 / GIB - 2) * GIB // (128 * 1024))
+    assert decision.kv_cache_tokens == held
+    assert decision.kv_cache_tokens >= 32 * 8192
+    assert decision.full_length_sequences == held // 8192 == 54
+    # The same example with the old budget (maxModelLen x maxNumSeqs: 2M tokens, 256 GiB of
+    # KV) needed 4 GPUs.
+    old = served.model_copy(
+        update={"engine": served.engine.model_copy(update={"kv_cache_tokens": 8192 * 256})}
+    )
+    assert decided(size_pair(old, bed_nodes(), config)).count == 4
+
+
+def test_default_kv_budget_is_at_most_16_full_sequences_and_never_below_one() -> None:
+    target = "meta-llama/Llama-3.1-8B-Instruct"
+    assert kv_budget_tokens(pair_spec(target, None, max_num_seqs=256, kv_cache_tokens=None)) == (
+        8192 * 16
+    )
+    assert kv_budget_tokens(pair_spec(target, None, max_num_seqs=4, kv_cache_tokens=None)) == (
+        8192 * 4
+    )
+    # Without maxModelLen sizing assumes 8192, and a smaller budget is raised to it.
+    spec = Spec.model_validate(
+        {
+            "pair": {"version": "1", "target": {"model": target}, "draft": {"method": "none"}},
+            "engine": {"kvCacheTokens": 100},
+        }
+    )
+    assert kv_budget_tokens(spec) == 8192
+
+
+def test_status_says_how_many_tokens_and_sequences_the_slice_holds() -> None:
+    spec = pair_spec(
+        "meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", max_num_seqs=8
+    )
+    decision = decided(size_pair(spec, bed_nodes(), CONFIG))
+    assert decision.mig_profile == "3g.40gb"
+    # 3g.40gb = 38.0 GiB (95 % of its name) x 0.92 - 14.96 - 0.78 - 2 = 17.22 GiB of KV at
+    # 132 KiB per token (target 128 + head 4).
+    free = 40 * 0.95 * 0.92 - 8.03e9 * 2 / GIB - 0.42 * 1e9 * 2 / GIB - 2
+    assert decision.memory is not None
+    assert decision.kv_cache_tokens is not None
+    assert decision.kv_cache_tokens == pytest.approx(free * GIB / (132 * 1024), rel=0.01)
+    assert decision.full_length_sequences == decision.kv_cache_tokens // 8192
+    assert f"{decision.kv_cache_tokens} KV tokens" in decision.message
+
+
+def test_a_pinned_slice_too_small_is_refused_with_the_arithmetic() -> None:
+    spec = pair_spec(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        max_num_seqs=8,
+        placement={"gpu": {"migProfile": "1g.10gb"}},
+    )
+    result = size_pair(spec, bed_nodes(), CONFIG)
+    assert isinstance(result, Unschedulable), result
+    message = result.message
+    assert "the pinned device MIG 1g.10gb (9.5 GiB each) is too small" in message
+    assert "it needs 28.2 GiB per device" in message
+    assert "target weights 15.0 + draft weights 0.8 + KV cache 8.2 + overhead 2.0" in message
+    assert "holds 0 KV tokens, below the budget of 65536" in message
+
+
+def test_a_pinned_gpu_count_too_small_is_refused_with_the_arithmetic() -> None:
+    spec = pair_spec(
+        "meta-llama/Llama-3.1-70B-Instruct",
+        None,
+        method="none",
+        placement={"gpu": {"product": H100, "count": 2, "mig": "Never"}},
+    )
+    result = size_pair(spec, bed_nodes(), CONFIG)
+    assert isinstance(result, Unschedulable), result
+    # (131.4 weights + 80 KV + 4 overhead) / 0.92 / 2 = 117.1 GiB per H100 of 79.6.
+    assert "the pinned device 2 x NVIDIA-H100-80GB-HBM3 (79.6 GiB each) is too small" in (
+        result.message
+    )
+    assert "it needs 117.1 GiB per device" in result.message
+
+
+def test_a_pinned_count_that_is_no_tensor_parallel_size_is_refused() -> None:
+    spec = pair_spec(
+        "meta-llama/Llama-3.1-8B-Instruct", None, method="none", placement={"gpu": {"count": 3}}
+    )
+    result = size_pair(spec, bed_nodes(), CONFIG)
+    assert isinstance(result, Unschedulable)
+    assert "pinned count 3 is no valid tensor parallel size" in result.message
+
+
+def test_a_pinned_device_that_fits_is_taken_rather_than_the_smallest() -> None:
+    eight_b = "meta-llama/Llama-3.1-8B-Instruct"
+    two = decided(
+        size_pair(
+            pair_spec(eight_b, None, method="none", placement={"gpu": {"count": 2}}),
+            bed_nodes(),
+            CONFIG,
+        )
+    )
+    assert (two.resource_name, two.count, two.tensor_parallel_size) == ("nvidia.com/gpu", 2, 2)
+    spec = pair_spec(eight_b, None, method="none", max_num_seqs=1)
+    assert decided(size_pair(spec, bed_nodes(), CONFIG)).mig_profile == "3g.40gb"
+    pinned = pair_spec(
+        eight_b, None, method="none", max_num_seqs=1, placement={"gpu": {"migProfile": "3g.40gb"}}
+    )
+    assert decided(size_pair(pinned, bed_nodes(), CONFIG)).mig_profile == "3g.40gb"
+
+
+def test_a_pinned_slice_no_node_offers_says_so() -> None:
+    spec = pair_spec(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        None,
+        method="none",
+        max_num_seqs=1,
+        placement={"gpu": {"migProfile": "4g.40gb"}},
+    )
+    result = size_pair(spec, bed_nodes(), CONFIG)
+    assert isinstance(result, Unschedulable)
+    assert "pinned device MIG 4g.40gb would hold the pair, but no schedulable node offers it" in (
+        result.message
+    )
+
+
+def test_cpu_serving_is_sized_in_host_memory_without_gpus() -> None:
+    spec = pair_spec(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        None,
+        method="none",
+        max_num_seqs=4,
+        kv_cache_tokens=None,
+        placement={"device": "CPU"},
+    )
+    decision = decided(size_pair(spec, [], CONFIG))
+    assert decision.resource_name == "memory"
+    assert decision.mig_profile is None
+    assert decision.gpu_product is None
+    assert decision.memory is not None
+    # 4 x 8192 tokens x 128 KiB = 4 GiB of KV; 14.96 + 4 + 3 = 21.96 -> 22Gi.
+    assert decision.memory.kv_cache_gib == 4
+    assert decision.host_memory == "22Gi"
+    assert decision.kv_cache_tokens == 4 * 8192
+    assert decision.full_length_sequences == 4
+
+
+# --- a serving revision keeps its device while the inventory changes -----------------------------
+
+
+def test_a_cordoned_mig_node_does_not_move_a_serving_revision() -> None:
+    spec = pair_spec(
+        "meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", max_num_seqs=8
+    )
+    nodes = [
+        node("gpu-h100-a", H100, {"nvidia.com/gpu": "8"}),
+        node("gpu-h100-mig", H100, {"nvidia.com/mig-3g.40gb": "2"}, unschedulable=True),
+    ]
+    serving = decided(size_pair(spec, bed_nodes(), CONFIG))
+    assert serving.mig_profile == "3g.40gb"
+    # What a fresh decision gives with the MIG node cordoned: a whole GPU.
+    assert decided(size_pair(spec, read_gpu_inventories(nodes), CONFIG)).count == 1
+    assert decided(size_pair(spec, read_gpu_inventories(nodes), CONFIG)).mig_profile is None
+    known = read_gpu_inventories(nodes, include_cordoned=True)
+    kept = keep_sizing(spec, serving, known, CONFIG)
+    assert kept is not None
+    assert (kept.resource_name, kept.count, kept.node_selector) == (
+        serving.resource_name,
+        serving.count,
+        serving.node_selector,
+    )
+    # Gone from the cluster altogether (the node deleted): the device is not kept.
+    assert keep_sizing(spec, serving, read_gpu_inventories(nodes[:1]), CONFIG) is None
+    # A spec that now refuses slices does not keep one.
+    never = pair_spec(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        max_num_seqs=8,
+        placement={"gpu": {"mig": "Never"}},
+    )
+    assert keep_sizing(never, serving, known, CONFIG) is None

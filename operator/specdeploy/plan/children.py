@@ -17,6 +17,7 @@ from specdeploy.api.models import API_VERSION, KIND, SizingDecision, Speculative
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
 from specdeploy.plan.kueue import kueue_labels
 from specdeploy.plan.revision import engine_image
+from specdeploy.plan.sizing import cpu_kv_space_gib, download_storage
 from specdeploy.plan.vllm_args import MODEL_MOUNT_PATH, build_vllm_args, tensor_parallel_size
 
 CONTAINER_NAME = "engine"
@@ -25,6 +26,10 @@ ENGINE_PORT = 8000
 HUB_TOKEN_ENV = "HF_TOKEN"
 MODELS_VOLUME = "models"
 SHM_VOLUME = "dshm"
+MODEL_CACHE_VOLUME = "model-cache"
+# The hub cache inside the engine container: HF_HOME, with the downloads under hub/.
+MODEL_CACHE_PATH = "/var/cache/specdeploy/huggingface"
+CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 def deployment_name(sd_name: str, revision: str) -> str:
@@ -80,12 +85,22 @@ def pair_env(spec: Spec, revision: str) -> str:
     )
 
 
-def _env(spec: Spec, revision: str) -> list[dict[str, Any]]:
+def _env(spec: Spec, revision: str, sizing: SizingDecision | None) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "SPECDEPLOY_HOST", "value": "0.0.0.0"},
         {"name": "SPECDEPLOY_PORT", "value": str(ENGINE_PORT)},
         {"name": "SPECDEPLOY_PAIR", "value": pair_env(spec, revision)},
     ]
+    if spec.model_cache is not None:
+        # huggingface_hub (the launcher's config reads and vLLM's downloads) caches here.
+        env += [
+            {"name": "HF_HOME", "value": MODEL_CACHE_PATH},
+            {"name": "HF_HUB_CACHE", "value": f"{MODEL_CACHE_PATH}/hub"},
+        ]
+    kv_space = cpu_kv_space_gib(sizing) if sizing is not None else None
+    if kv_space is not None and all(e.name != CPU_KV_SPACE_ENV for e in spec.engine.env):
+        # vLLM's CPU backend reserves this many GiB of host memory for KV blocks.
+        env.append({"name": CPU_KV_SPACE_ENV, "value": str(kv_space)})
     source = spec.model_source
     if source is not None and source.hub is not None and source.hub.token_secret_ref is not None:
         ref = source.hub.token_secret_ref
@@ -108,9 +123,18 @@ def _resources(spec: Spec, sizing: SizingDecision | None) -> dict[str, Any]:
             if value is not None:
                 requests[name] = str(value)
                 limits[name] = str(value)
-    if sizing is not None:
+    if sizing is not None and sizing.host_memory is not None:
+        # CPU serving: the sized host memory, unless engine.resources.memory says otherwise.
+        requests.setdefault("memory", sizing.host_memory)
+        limits.setdefault("memory", sizing.host_memory)
+    elif sizing is not None:
         # Extended resources are set in limits; the API server copies them to requests.
         limits[sizing.resource_name] = sizing.count
+    storage = download_storage(spec, sizing) if sizing is not None else None
+    if storage is not None:
+        # The downloads land in the container's writable layer: a request (no limit, which
+        # would evict the pod) lets the scheduler pick a node with the disk for them.
+        requests["ephemeral-storage"] = storage
     result: dict[str, Any] = {}
     if requests:
         result["requests"] = requests
@@ -131,6 +155,21 @@ def _volumes(spec: Spec, sizing: SizingDecision | None) -> tuple[list[Any], list
             }
         )
         mounts.append({"name": MODELS_VOLUME, "mountPath": MODEL_MOUNT_PATH, "readOnly": True})
+    cache = spec.model_cache
+    if cache is not None:
+        volume: dict[str, Any] = {"name": MODEL_CACHE_VOLUME}
+        if cache.claim_name is not None:
+            volume["persistentVolumeClaim"] = {"claimName": cache.claim_name}
+        elif cache.ephemeral is not None:
+            claim: dict[str, Any] = {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": str(cache.ephemeral.size)}},
+            }
+            if cache.ephemeral.storage_class_name is not None:
+                claim["storageClassName"] = cache.ephemeral.storage_class_name
+            volume["ephemeral"] = {"volumeClaimTemplate": {"spec": claim}}
+        volumes.append(volume)
+        mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_PATH})
     if tensor_parallel_size(spec, sizing) > 1:
         # Tensor-parallel workers exchange tensors through shared memory; the container
         # runtime's default 64 MiB /dev/shm is far too small.
@@ -154,7 +193,7 @@ def build_pod_template(
         "command": list(config.engine_command),
         "args": ["serve", "--", *build_vllm_args(spec, sizing)],
         "ports": [{"name": PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}],
-        "env": _env(spec, revision),
+        "env": _env(spec, revision, sizing),
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": PORT_NAME},
             "periodSeconds": 5,
@@ -179,7 +218,18 @@ def build_pod_template(
         ]
     if volumes:
         pod_spec["volumes"] = volumes
+    options = spec.pod
+    if options is not None:
+        if options.service_account_name is not None:
+            pod_spec["serviceAccountName"] = options.service_account_name
+        if options.image_pull_secrets:
+            pod_spec["imagePullSecrets"] = [{"name": s.name} for s in options.image_pull_secrets]
+        if options.priority_class_name is not None:
+            pod_spec["priorityClassName"] = options.priority_class_name
+    # The spec's labels and annotations first: the operator's own keys always win (admission
+    # refuses them in spec.pod already).
     annotations = {
+        **((options.annotations if options else None) or {}),
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(ENGINE_PORT),
         "prometheus.io/path": "/metrics",
@@ -189,6 +239,7 @@ def build_pod_template(
     return {
         "metadata": {
             "labels": {
+                **((options.labels if options else None) or {}),
                 **common_labels(sd),
                 labels.REVISION: revision,
                 labels.PAIR_VERSION: spec.pair.version,

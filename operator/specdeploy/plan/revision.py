@@ -7,8 +7,11 @@ A revision names everything that reaches the pod template, and nothing else:
   operator's), engine command and the local-process flag (operator config: they are in the pod
   template too), the vLLM arguments (which carry model locations, revisions, tensor parallel
   size, limits, speculative config and extra args), the engine env and resources, the model
-  source (volumes and token Secret), placement.nodeSelector and tolerations, and the sizing
-  decision's resource name, count and node selector.
+  source (volumes and token Secret), placement.nodeSelector and tolerations, the sizing
+  decision's resource name, count and node selector, and (only when they apply, so older
+  revisions keep their names) CPU serving with its host memory and KV space, the model cache,
+  the pod options (labels, annotations, ServiceAccount, pull secrets, PriorityClass) and the
+  ephemeral-storage request of pods that download their weights.
 - out: replicas, rollout (canary, analysis, collapse guard), revisionHistoryLimit,
   placement.queue and placement.priorityClass (Kueue labels on the Deployment object, not in
   its pod template: changing queue relabels the existing Deployments), the speculation policy
@@ -31,6 +34,7 @@ from typing import Any
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SizingDecision
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
+from specdeploy.plan.sizing import cpu_kv_space_gib, download_storage
 from specdeploy.plan.vllm_args import build_vllm_args
 
 REVISION_LENGTH = 10
@@ -40,8 +44,11 @@ HASH_SCHEMA = 1
 
 
 def engine_image(spec: Spec, config: OperatorConfig) -> str:
-    """The engine image the pods run: the spec's, else the operator's default."""
-    return spec.engine.image or config.engine_image
+    """The engine image the pods run: the spec's, else the operator's default (its CPU image
+    for placement.device CPU)."""
+    if spec.engine.image:
+        return spec.engine.image
+    return config.engine_cpu_image if spec.placement.device == "CPU" else config.engine_image
 
 
 def revision_inputs(
@@ -57,7 +64,22 @@ def revision_inputs(
         return value.model_dump(by_alias=True, exclude_none=True, mode="json")
 
     pair = spec.pair
+    # Added with CPU serving, the model cache and pod options: present only when they shape
+    # the pods, so revisions made before them keep their names.
+    later: dict[str, Any] = {}
+    if spec.placement.device == "CPU":
+        later["device"] = "CPU"
+    if spec.model_cache is not None:
+        later["modelCache"] = dump(spec.model_cache)
+    if spec.pod is not None:
+        later["pod"] = dump(spec.pod)
+    if sizing is not None and (storage := download_storage(spec, sizing)) is not None:
+        later["ephemeralStorage"] = storage
+    if sizing is not None and sizing.host_memory is not None:
+        later["hostMemory"] = sizing.host_memory
+        later["cpuKvSpaceGiB"] = cpu_kv_space_gib(sizing)
     return {
+        **later,
         "schema": HASH_SCHEMA,
         "pairVersion": pair.version,
         "target": {"model": pair.target.model, "revision": pair.target.revision},

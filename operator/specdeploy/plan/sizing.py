@@ -203,7 +203,7 @@ def weights_gib(shape: ModelShape) -> float:
     return shape.parameters_billion * 1e9 * bytes_per_parameter(shape) / GIB
 
 
-def kv_bytes_per_token(shape: ModelShape) -> int:
+def kv_bytes_per_token(shape: ModelShape) -> float:
     """KV bytes of one cached token: 2 (K and V) x layers x kvHeads x headDim x bytes."""
     return 2 * shape.layers * shape.kv_heads * head_dim(shape) * kv_bytes_per_element(shape)
 
@@ -511,6 +511,25 @@ def size_for_cpu(need: MemoryNeed) -> SizingDecision:
             f"rounded up"
         ),
     )
+
+
+def downloads_weights(spec: Spec) -> bool:
+    """Whether the engine downloads the weights at start (hub ids), rather than reading them
+    from a volume (modelSource.pvc) or a local path."""
+    source = spec.model_source
+    if source is not None and source.pvc is not None:
+        return False
+    return not spec.pair.target.model.startswith(("/", "./", "../"))
+
+
+def download_storage(spec: Spec, sizing: SizingDecision) -> str | None:
+    """The ephemeral-storage request of a pod that downloads its weights into its writable
+    layer (no modelCache): the weights on disk plus 10 % and 1 GiB for tokenizer, config and
+    logs, whole GiB. None when nothing is downloaded, or a cache volume holds it."""
+    if spec.model_cache is not None or not downloads_weights(spec) or sizing.memory is None:
+        return None
+    weights = sizing.memory.target_weights_gib + sizing.memory.draft_weights_gib
+    return f"{math.ceil(weights * 1.1 + 1)}Gi"
 
 
 def cpu_kv_space_gib(sizing: SizingDecision) -> int | None:
