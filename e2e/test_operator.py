@@ -179,9 +179,10 @@ EXAMPLE_PLACEMENT: dict[str, tuple[dict[str, Any], str, int, str]] = {
         4,
         "kwok-h100-",
     ),
-    # Four replicas of 4 GPUs would take the batch queue's whole cohort: one is enough here.
-    "llama-8b-batch-queue.yaml": ({"replicas": 1}, "nvidia.com/gpu", 4, "kwok-h100-"),
-    "qwen-7b-ngram.yaml": ({}, "nvidia.com/gpu", 1, "kwok-h200-"),
+    # Its KV budget (32 x 8k tokens) fits one H100: four replicas take the batch queue's 4.
+    "llama-8b-batch-queue.yaml": ({}, "nvidia.com/gpu", 1, "kwok-h100-"),
+    # 16 x 32k tokens of KV (the default budget) + weights = 49.1 GiB: one H100.
+    "qwen-7b-ngram.yaml": ({}, "nvidia.com/gpu", 1, "kwok-h100-"),
 }
 
 
@@ -583,3 +584,166 @@ def test_scale_and_delete(kubectl: Kubectl, namespace: str, operator: OperatorPr
         return all(not items(kubectl, kind, namespace, "chat") for kind in kinds)
 
     eventually(nothing_left, 60, "every child of the deleted SD to be gone")
+
+
+# --- node operations, model cache, pod options -------------------------------------------------
+
+MIG_NODE = "kwok-h100-mig-0"
+
+
+def first_deployment(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | None:
+    deployments = items(kubectl, "deployments", namespace, name)
+    return deployments[0] if deployments else None
+
+
+def revision_names(kubectl: Kubectl, namespace: str, name: str) -> list[str]:
+    """The SD's revision Deployments and its recorded revisions, as one sorted list."""
+    deployments = [d["metadata"]["name"] for d in items(kubectl, "deployments", namespace, name)]
+    recorded = [r["revision"] for r in sd_of(kubectl, namespace, name)["status"]["revisions"]]
+    return [*sorted(deployments), "|", *sorted(recorded)]
+
+
+def test_draining_the_mig_node_under_a_serving_sd_makes_no_new_revision(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, request: pytest.FixtureRequest
+) -> None:
+    """`mig: Auto` sizes the 8B pair onto a 3g.40gb slice of the MIG node; draining that node
+    leaves only whole GPUs schedulable, which a fresh sizing would pick (a new revision that
+    uncordoning would move back). The serving revision keeps its slice instead."""
+    body = llama_8b("chat", namespace)
+    body["spec"]["placement"]["gpu"] = {"mig": "Auto"}
+    kubectl.apply([body])
+    wait_ready(kubectl, namespace, "chat")
+    before = revision_names(kubectl, namespace, "chat")
+    [pod] = items(kubectl, "pods", namespace, "chat")
+    assert pod["spec"]["nodeName"] == MIG_NODE
+    assert sd_of(kubectl, namespace, "chat")["status"]["sizing"]["migProfile"] == "3g.40gb"
+
+    request.addfinalizer(lambda: kubectl.run("uncordon", MIG_NODE, check=False))
+    kubectl.run(
+        "drain",
+        MIG_NODE,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--disable-eviction",
+        f"--pod-selector={NAME_LABEL}=chat",
+        "--timeout=60s",
+        timeout=70,
+    )
+    assert kubectl.get_json("node", MIG_NODE)["spec"].get("unschedulable") is True
+
+    def replacement_pending() -> dict[str, Any] | None:
+        pods = [
+            p
+            for p in items(kubectl, "pods", namespace, "chat")
+            if p["metadata"]["name"] != pod["metadata"]["name"]
+        ]
+        return pods[0] if pods else None
+
+    replacement = eventually(replacement_pending, 60, "the Deployment's replacement pod")
+    offset = len(operator.log_text())
+    operator.wait_for_reconciles(offset, namespace, "chat", count=4)
+    assert revision_names(kubectl, namespace, "chat") == before
+    sd = sd_of(kubectl, namespace, "chat")
+    assert sd["status"]["sizing"]["migProfile"] == "3g.40gb"
+    # The replacement waits for the slice (no other node has one) rather than moving the pair.
+    replacement = kubectl.get_json("pod", replacement["metadata"]["name"], "-n", namespace)
+    assert engine_container(replacement)["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == "1"
+    assert not replacement["spec"].get("nodeName")
+
+    kubectl.run("uncordon", MIG_NODE)
+    wait_ready(kubectl, namespace, "chat", timeout=120)
+    offset = len(operator.log_text())
+    operator.wait_for_reconciles(offset, namespace, "chat", count=3)
+    assert revision_names(kubectl, namespace, "chat") == before
+    [pod] = items(kubectl, "pods", namespace, "chat")
+    assert pod["spec"]["nodeName"] == MIG_NODE
+
+
+def test_model_cache_and_pod_options_reach_pods_the_api_server_accepts(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, request: pytest.FixtureRequest
+) -> None:
+    priority_class = f"{namespace}-serving"[:63]
+    kubectl.apply(
+        [
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": priority_class},
+                "value": 12345,
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": "llm", "namespace": namespace},
+            },
+        ]
+    )
+    request.addfinalizer(
+        lambda: kubectl.run("delete", "priorityclass", priority_class, check=False)
+    )
+    body = llama_8b(
+        "cached",
+        namespace,
+        modelCache={"ephemeral": {"size": "40Gi"}},
+        pod={
+            "labels": {"team": "search"},
+            "annotations": {"example.com/owner": "search"},
+            "serviceAccountName": "llm",
+            "imagePullSecrets": [{"name": "registry"}],
+            "priorityClassName": priority_class,
+        },
+    )
+    kubectl.apply([body])
+
+    def created() -> dict[str, Any] | None:
+        pods = items(kubectl, "pods", namespace, "cached")
+        return pods[0] if pods else None
+
+    pod = eventually(created, 90, "a pod of the cached SD")
+    assert pod["metadata"]["labels"]["team"] == "search"
+    assert pod["metadata"]["annotations"]["example.com/owner"] == "search"
+    assert pod["spec"]["serviceAccountName"] == "llm"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod["spec"]["priorityClassName"] == priority_class
+    # The Priority admission plugin resolved the class: the kube scheduler's priority.
+    assert pod["spec"]["priority"] == 12345
+    env = {e["name"]: e.get("value") for e in engine_container(pod)["env"]}
+    assert env["HF_HOME"] == "/var/cache/specdeploy/huggingface"
+    assert "ephemeral-storage" not in engine_container(pod)["resources"].get("requests", {})
+
+    # The ephemeral volume controller made the pod's cache claim from the template.
+    claim_name = f"{pod['metadata']['name']}-model-cache"
+    claim = eventually(
+        lambda: (
+            kubectl.get_json("pvc", claim_name, "-n", namespace)
+            if kubectl.run("get", "pvc", claim_name, "-n", namespace, check=False).returncode == 0
+            else None
+        ),
+        60,
+        f"the cache claim {claim_name}",
+    )
+    assert claim["spec"]["resources"]["requests"]["storage"] == "40Gi"
+    assert claim["metadata"]["ownerReferences"][0]["name"] == pod["metadata"]["name"]
+
+    # The same SD with an existing claim: its Deployment passes the API server (server dry run).
+    claimed = llama_8b("claimed", namespace, modelCache={"claimName": "hf-cache"})
+    kubectl.apply([claimed])
+    deployment = eventually(
+        lambda: first_deployment(kubectl, namespace, "claimed"),
+        60,
+        "the claimed SD's Deployment",
+    )
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}} in volumes
+    # Without a cache, a hub download asks for ephemeral storage sized from the weights.
+    plain = llama_8b("plain", namespace)
+    kubectl.apply([plain])
+    deployment = eventually(
+        lambda: first_deployment(kubectl, namespace, "plain"),
+        60,
+        "the plain SD's Deployment",
+    )
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    # (14.96 + 0.78) GiB of weights x 1.1 + 1 = 18.3 -> 19Gi.
+    assert container["resources"]["requests"]["ephemeral-storage"] == "19Gi"
+    wait_ready(kubectl, namespace, "plain", timeout=120)
