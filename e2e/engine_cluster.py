@@ -16,7 +16,8 @@ import signal
 import subprocess
 import sys
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import yaml
 
 from engine_harness import ACCEPTED_TOKENS, DRAFT_TOKENS, FAST_ENGINE_ARGS, OPERATOR_SRC, http_json
-from testbed import ClusterEnv, Kubectl, eventually
+from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
 from testbed.process_kubelet import read_local_ports
 
 REPO = Path(__file__).resolve().parent.parent
@@ -236,6 +237,28 @@ def stop_after_deleting_sds(
     )
     running.stop()
     print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
+
+
+@contextmanager
+def operator_in_namespace(
+    kubectl: Kubectl,
+    kubeconfig: str,
+    namespace: str,
+    config: Mapping[str, Any],
+    workdir: Path,
+) -> Iterator[OperatorProcess]:
+    """A fresh namespace (with its LocalQueues) and the operator watching it; on the way out
+    its SDs are deleted while the operator runs (its finalizer), so their engines stop, then
+    the operator and the namespace go and the operator's log is printed."""
+    create_namespace_with_queues(kubectl, namespace)
+    apply_crds(kubectl)
+    running = OperatorProcess(kubeconfig, config, workdir, (namespace,))
+    running.start()
+    try:
+        yield running
+    finally:
+        stop_after_deleting_sds(running, kubectl, namespace, timeout=90)
+        kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def apply_crds(kubectl: Kubectl) -> None:

@@ -19,17 +19,17 @@ import pytest
 from engine_cluster import (
     ENGINE_ENV,
     OperatorProcess,
-    apply_crds,
     complete,
     condition,
     engine_url,
     get_sd,
     operator_config,
+    operator_in_namespace,
     ready_pod,
     tiny_sd,
 )
 from engine_harness import engine_python, tiny_models
-from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+from testbed import ClusterEnv, Kubectl, eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
@@ -47,23 +47,14 @@ def cpu_bed(
     tmp_path: Path,
 ) -> Iterator[tuple[str, OperatorProcess]]:
     namespace = f"e2e-cpu-{uuid.uuid4().hex[:5]}"
-    create_namespace_with_queues(kubectl, namespace)
-    apply_crds(kubectl)
     config = {
         **operator_config(str(engine_python), cluster.prometheus_url),
         "engineCpuImage": CPU_IMAGE,
     }
-    running = OperatorProcess(cluster.kubeconfig, config, tmp_path / "operator", (namespace,))
-    running.start()
-    try:
+    with operator_in_namespace(
+        kubectl, cluster.kubeconfig, namespace, config, tmp_path / "operator"
+    ) as running:
         yield namespace, running
-    finally:
-        kubectl.run(
-            "delete", "sd", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=100
-        )
-        running.stop()
-        kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
-        print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
 
 
 def cpu_sd(namespace: str, models: dict[str, str]) -> dict[str, Any]:

@@ -22,14 +22,13 @@ from typing import Any
 import pytest
 
 from engine_cluster import (
-    OperatorProcess,
-    apply_crds,
     complete,
     condition,
     engine_url,
     events_of,
     get_sd,
     operator_config,
+    operator_in_namespace,
     prometheus_value,
     ready_pod,
     revision_pods,
@@ -37,7 +36,7 @@ from engine_cluster import (
     tiny_sd,
 )
 from engine_harness import DRAFT_TOKENS, engine_python, http_json, tiny_models
-from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+from testbed import ClusterEnv, Kubectl, eventually
 from testbed.prometheus_operator import (
     POD_MONITOR_CRD_NAME,
     VERSION_ANNOTATION,
@@ -104,25 +103,12 @@ def bed(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Bed]:
     namespace = f"e2e-engine-cluster-{uuid.uuid4().hex[:5]}"
-    create_namespace_with_queues(kubectl, namespace)
-    apply_crds(kubectl)
     # A timer far beyond every wait below: the operator must act on the watch events of its
     # Deployments and of pods whose launcher exited, not on its periodic reconcile.
     config = operator_config(str(engine_python), cluster.prometheus_url, interval=600)
-    running = OperatorProcess(
-        cluster.kubeconfig, config, tmp_path_factory.mktemp("operator"), (namespace,)
-    )
-    running.start()
-    try:
+    workdir = tmp_path_factory.mktemp("operator")
+    with operator_in_namespace(kubectl, cluster.kubeconfig, namespace, config, workdir):
         yield Bed(cluster, kubectl, namespace, tiny_models)
-    finally:
-        # The SDs go while the operator runs (its finalizer); their pods' engines stop with them.
-        kubectl.run(
-            "delete", "sd", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=100
-        )
-        running.stop()
-        kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
-        print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
 
 
 def scraped_counters(bed: Bed, queries: dict[str, str], what: str) -> dict[str, float]:

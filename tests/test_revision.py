@@ -99,6 +99,13 @@ POD_CHANGES: list[tuple[str, Any]] = [
     # Effective speculation: Off serves the target alone, which is other pods.
     ("placement.speculation", "Disabled"),
     ("placement.queue", "batch"),
+    ("placement.device", "CPU"),
+    ("modelCache", {"claimName": "hf-cache"}),
+    ("pod", {"labels": {"team": "search"}}),
+    ("pod", {"annotations": {"example.com/owner": "search"}}),
+    ("pod", {"serviceAccountName": "llm"}),
+    ("pod", {"imagePullSecrets": [{"name": "registry"}]}),
+    ("pod", {"priorityClassName": "serving-high"}),
 ]
 
 
@@ -117,6 +124,9 @@ NOT_POD_CHANGES: list[tuple[str, Any]] = [
     ("placement.priorityClass", "low"),
     ("placement.speculation", "Enabled"),
     ("placement.gpu", {"product": "NVIDIA-A100-SXM4-80GB", "mig": "Required"}),
+    # The KV budget and a pin reach the pods only through the sizing decision they give.
+    ("engine.kvCacheTokens", 100000),
+    ("placement.gpu", {"migProfile": "3g.40gb"}),
     (
         "pair.target.shape",
         {
@@ -165,3 +175,22 @@ def test_operator_engine_settings_change_hash() -> None:
 def test_spec_image_wins_over_operator_default() -> None:
     pinned = _changed("engine.image", "specdeploy/engine:0.1.0")
     assert _hash(pinned) == _hash(pinned, config={**CONFIG, "engineImage": "other:1"})
+
+
+def test_the_ephemeral_storage_of_downloaded_weights_is_in_the_hash() -> None:
+    weighed = {
+        **SIZING,
+        "memory": {
+            "targetWeightsGiB": 14.96,
+            "draftWeightsGiB": 0.78,
+            "kvCacheGiB": 8.25,
+            "overheadGiB": 2.0,
+            "requiredGiB": 28.2,
+            "perDeviceGiB": 28.2,
+        },
+    }
+    # A hub download requests ephemeral storage sized from the weights: other pods.
+    assert _hash(SPEC, weighed) != _hash(SPEC)
+    # Weights read from a volume are not downloaded: the pods (and the hash) are as before.
+    on_volume = _changed("modelSource", {"pvc": {"claimName": "models"}})
+    assert _hash(on_volume, weighed) == _hash(on_volume)
