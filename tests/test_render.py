@@ -117,8 +117,8 @@ def test_the_config_decides_speculation_and_image() -> None:
     body = example("llama-8b-batch-queue.yaml")
     default = render(body, None, OperatorConfig())
     batch = render(body, None, OperatorConfig(batch_queues=["batch"], engine_image="e:2"))
-    assert default.speculation.state == "On"
-    assert batch.speculation.state == "Off"
+    assert default.speculation.state == "Enabled"
+    assert batch.speculation.state == "Disabled"
     assert "--speculative-config" not in batch.vllm_args
     assert batch.revision != default.revision
     container = batch.manifests[0]["spec"]["template"]["spec"]["containers"][0]
@@ -133,11 +133,12 @@ def test_nodes_file_decides_the_sizing(tmp_path: Path, capsys: pytest.CaptureFix
     code, out, err = run_cli(
         ["-f", str(ROOT / "examples" / "qwen-7b-ngram.yaml"), "--nodes", str(nodes)], capsys
     )
-    # 80 GiB for Qwen 7B at 32k x 32: no 3g.40gb slice holds it, two whole H100s do.
+    # 49 GiB for Qwen 7B with its default KV budget (32k x 16): no 3g.40gb slice holds it, one
+    # whole H100 does (the built-in catalog would choose a 3g.71gb slice of an H200).
     assert code == 0, err
     assert f"# nodes: {nodes} (1 nodes)" in out
     limits = next(yaml.safe_load_all(out))["spec"]["template"]["spec"]["containers"][0]
-    assert limits["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    assert limits["resources"]["limits"] == {"nvidia.com/gpu": 1}
 
 
 def test_namespace_flag_and_the_default_namespace() -> None:

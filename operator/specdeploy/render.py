@@ -49,6 +49,7 @@ from specdeploy.plan.gpu_catalog import (
     catalog_for_config,
     read_gpu_inventories,
 )
+from specdeploy.plan.sizing import kv_budget_tokens
 from specdeploy.plan.speculation import decide_speculation
 from specdeploy.plan.vllm_args import build_vllm_args
 
@@ -260,13 +261,15 @@ def describe(rendering: Rendering, nodes_source: str, config_source: str) -> lis
         f"sizing: {sizing.message}",
     ]
     if memory is not None:
-        tokens = f"maxModelLen {engine.max_model_len or 'unset'} x maxNumSeqs "
-        tokens += f"{engine.max_num_seqs or 'unset'}"
+        budget = f"{kv_budget_tokens(sd.spec):,} tokens: " + (
+            "engine.kvCacheTokens"
+            if engine.kv_cache_tokens is not None
+            else "maxModelLen x min(maxNumSeqs, 16)"
+        )
         lines += [
             f"  target weights      {memory.target_weights_gib:8.2f} GiB",
             f"  draft weights       {memory.draft_weights_gib:8.2f} GiB",
-            f"  KV cache            {memory.kv_cache_gib:8.2f} GiB  ({tokens}; unset: sizing "
-            "defaults, docs/sizing.md)",
+            f"  KV cache            {memory.kv_cache_gib:8.2f} GiB  ({budget}; docs/sizing.md)",
             f"  engine overhead     {memory.overhead_gib:8.2f} GiB  (per device)",
             f"  / gpuMemoryUtilization = {memory.required_gib:.2f} GiB per replica, "
             f"{memory.per_device_gib:.2f} GiB per device",
