@@ -149,6 +149,8 @@ class FakeKube:
         self.write_requests = 0
         self.pods: list[dict[str, Any]] = []
         self.workloads: list[dict[str, Any]] = []
+        #: The Kueue WorkloadPriorityClasses that exist (all names, when None).
+        self.priority_classes: set[str] | None = None
         self._versions = itertools.count(1)
         self._created = itertools.count(1)
 
@@ -183,6 +185,11 @@ class FakeKube:
 
     def get_local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
         return {"spec": {"clusterQueue": name}}
+
+    def get_workload_priority_class(self, name: str) -> dict[str, Any] | None:
+        if self.priority_classes is not None and name not in self.priority_classes:
+            return None
+        return {"metadata": {"name": name}, "value": 100}
 
     def has_pod_monitor_crd(self) -> bool:
         return self.pod_monitor_crd

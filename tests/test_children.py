@@ -173,6 +173,37 @@ def test_pod_monitor_copies_revision_into_metrics(sd: SpeculativeDeployment) -> 
     monitor = build_pod_monitor(sd)
     assert monitor["spec"]["podTargetLabels"] == ["specdeploy.dev/name", "specdeploy.dev/revision"]
     assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "http", "path": "/metrics"}]
+    assert monitor["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "specdeploy",
+        "specdeploy.dev/name": "llama8b",
+    }
+
+
+def test_pod_monitor_carries_the_labels_prometheus_selects_by(sd: SpeculativeDeployment) -> None:
+    config = OperatorConfig.from_mapping({"podMonitorLabels": {"release": "kps"}})
+    monitor = build_pod_monitor(sd, config.pod_monitor_labels)
+    assert monitor["metadata"]["labels"] == {
+        "release": "kps",
+        "app.kubernetes.io/managed-by": "specdeploy",
+        "specdeploy.dev/name": "llama8b",
+    }
+
+
+@pytest.mark.parametrize(
+    ("labels", "problem"),
+    [
+        ({"specdeploy.dev/name": "x"}, "set by the operator itself"),
+        ({"app.kubernetes.io/managed-by": "helm"}, "set by the operator itself"),
+        ({"bad key!": "x"}, "not a valid label key"),
+        ({"release": "-starts-with-a-dash"}, "not a valid label value"),
+        ({"release": "x" * 64}, "not a valid label value"),
+    ],
+)
+def test_pod_monitor_labels_are_refused_when_invalid_or_the_operators_own(
+    labels: dict[str, str], problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem):
+        OperatorConfig.from_mapping({"podMonitorLabels": labels})
 
 
 def test_kueue_labels_only_when_set(sd: SpeculativeDeployment) -> None:

@@ -21,7 +21,7 @@ from testbed.cluster import tools_dir
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 #: Config keys the chart writes itself rather than taking from values.config.
-CHART_SET_CONFIG = {"livenessEndpoint", "metricsEndpoint"}
+CHART_SET_CONFIG = {"livenessEndpoint", "metricsEndpoint", "leaderElection"}
 
 
 # --- without helm -------------------------------------------------------------------------------
@@ -167,7 +167,12 @@ def test_operator_pod_is_locked_down_and_probed(helm: Helm) -> None:
     ]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert mounts == {"/etc/specdeploy": "config", "/tmp": "tmp"}
-    assert deployment["spec"]["replicas"] == 1
+    # Two replicas, one reconciling: the Lease decides which (leader election is on).
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert container["env"] == [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    ]
 
 
 @helm_test
@@ -182,6 +187,31 @@ def test_config_map_is_the_operator_config_with_the_probe_and_metrics_endpoints(
     pod = _one(objects, "Deployment")["spec"]["template"]
     assert pod["spec"]["containers"][0]["ports"][0]["containerPort"] == 9000
     assert pod["metadata"]["annotations"]["checksum/config"]
+
+
+@helm_test
+def test_config_map_holds_the_lease_of_the_release_namespace(helm: Helm) -> None:
+    values = {"leaderElection": {"leaseName": "ops-lease"}}
+    objects = helm.template("-n", "ops", *set_values(values))
+    config = OperatorConfig.from_mapping(
+        yaml.safe_load(_one(objects, "ConfigMap")["data"]["config.yaml"])
+    )
+    assert config.leader_election.enabled
+    assert (config.leader_election.namespace, config.leader_election.lease_name) == (
+        "ops",
+        "ops-lease",
+    )
+    assert config.leader_election.lease_duration_seconds == 15
+
+
+@helm_test
+def test_several_replicas_without_leader_election_are_refused(helm: Helm) -> None:
+    with pytest.raises(HelmError, match="leaderElection"):
+        helm.template(*set_values({"leaderElection": {"enabled": False}}))
+    objects = helm.template(*set_values({"leaderElection": {"enabled": False}, "replicas": 1}))
+    deployment = _one(objects, "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert not _by_kind(objects, "Role")
 
 
 @helm_test
@@ -205,7 +235,12 @@ def test_crds_are_kept_on_uninstall_unless_turned_off(helm: Helm) -> None:
 @helm_test
 def test_rbac_for_all_namespaces_is_cluster_wide_without_namespace_access(helm: Helm) -> None:
     objects = helm.template("-n", "ops")
-    assert not _by_kind(objects, "Role")
+    # The only Role is the Lease's, in the release's namespace.
+    (leader,) = _by_kind(objects, "Role")
+    assert leader["metadata"]["namespace"] == "ops"
+    assert granted_access([leader]) == {
+        ("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")
+    }
     assert {r["metadata"]["name"] for r in _by_kind(objects, "ClusterRole")} == {
         "specdeploy",
         "specdeploy-cluster",
@@ -222,11 +257,12 @@ def test_rbac_for_all_namespaces_is_cluster_wide_without_namespace_access(helm: 
 @helm_test
 def test_rbac_for_listed_namespaces_is_a_role_in_each(helm: Helm) -> None:
     objects = helm.template("-n", "ops", *set_values({"config": {"namespaces": ["a", "b"]}}))
-    roles = _by_kind(objects, "Role")
+    roles = [r for r in _by_kind(objects, "Role") if r["metadata"]["name"] == "specdeploy"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["a", "b"]
     assert sorted(b["metadata"]["namespace"] for b in _by_kind(objects, "RoleBinding")) == [
         "a",
         "b",
+        "ops",  # the Lease's
     ]
     (cluster_role,) = _by_kind(objects, "ClusterRole")
     cluster_wide = granted_access([cluster_role])
@@ -234,6 +270,7 @@ def test_rbac_for_listed_namespaces_is_a_role_in_each(helm: Helm) -> None:
         "nodes",
         "customresourcedefinitions",
         "namespaces",
+        "workloadpriorityclasses",
     }
     all_namespaces = {r["metadata"]["name"]: r for r in _by_kind(helm.template(), "ClusterRole")}
     for role in roles:
@@ -260,6 +297,7 @@ def test_service_monitor_scrapes_the_metrics_port_of_the_operator_service(helm: 
     monitor = _one(objects, "ServiceMonitor")
     service = _one(objects, "Service")
     assert monitor["metadata"]["labels"]["team"] == "a"
+    assert "release" not in monitor["metadata"]["labels"]
     assert monitor["spec"]["endpoints"] == [
         {"port": "metrics", "path": "/metrics", "interval": "30s"}
     ]
@@ -267,6 +305,21 @@ def test_service_monitor_scrapes_the_metrics_port_of_the_operator_service(helm: 
     assert selected.items() <= service["metadata"]["labels"].items()
     metrics_port = {"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}
     assert metrics_port in service["spec"]["ports"]
+
+
+@helm_test
+def test_pod_monitor_labels_reach_the_operator_config_and_the_service_monitor(helm: Helm) -> None:
+    values = {
+        "config": {"podMonitorLabels": {"release": "kube-prometheus-stack"}},
+        "serviceMonitor": {"enabled": True, "labels": {"team": "a"}},
+    }
+    objects = helm.template("-n", "ops", *set_values(values))
+    config = OperatorConfig.from_mapping(
+        yaml.safe_load(_one(objects, "ConfigMap")["data"]["config.yaml"])
+    )
+    assert config.pod_monitor_labels == {"release": "kube-prometheus-stack"}
+    labels = _one(objects, "ServiceMonitor")["metadata"]["labels"]
+    assert (labels["release"], labels["team"]) == ("kube-prometheus-stack", "a")
 
 
 @helm_test

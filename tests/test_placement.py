@@ -63,18 +63,48 @@ def test_admitted_once_no_pod_is_gated() -> None:
     assert "gpu-cq" in update.message
 
 
-def test_unknown_before_pods_and_false_for_a_missing_local_queue() -> None:
-    assert judge_admission("interactive", [], [], LOCAL_QUEUE).status == "Unknown"
-    update = judge_admission("nope", [pod("a", True)], [], None)
-    assert update.status == "False"
-    assert "LocalQueue nope does not exist" in update.message
+def test_unknown_before_pods_of_a_queue_that_exists() -> None:
+    update = judge_admission("interactive", [], [], LOCAL_QUEUE)
+    assert (update.status, update.reason) == ("Unknown", Reason.WAITING_FOR_QUOTA)
+
+
+def test_a_missing_local_queue_is_named_with_or_without_pods() -> None:
+    for pods, held in (([pod("a", True)], "1 of 1 pods stay gated"), ([], "pods will stay")):
+        update = judge_admission("nope", pods, [], None)
+        assert (update.status, update.reason) == ("False", Reason.LOCAL_QUEUE_NOT_FOUND)
+        assert update.message.startswith("LocalQueue nope does not exist")
+        assert held in update.message
+
+
+def test_a_missing_priority_class_is_named_rather_than_a_missing_workload() -> None:
+    update = judge_admission(
+        "interactive", [pod("a", True)], [], LOCAL_QUEUE, missing_priority_class="urgent"
+    )
+    assert (update.status, update.reason) == ("False", Reason.PRIORITY_CLASS_NOT_FOUND)
+    assert "WorkloadPriorityClass urgent does not exist" in update.message
+    assert "1 of 1 pods stay gated" in update.message
+    # A missing LocalQueue is named first: without it nothing is admitted either way.
+    both = judge_admission("nope", [pod("a", True)], [], None, missing_priority_class="urgent")
+    assert both.reason == Reason.LOCAL_QUEUE_NOT_FOUND
+
+
+def test_pods_admitted_before_their_priority_class_went_stay_admitted() -> None:
+    update = judge_admission(
+        "interactive",
+        [pod("a", False)],
+        [workload("a", None, "gpu-cq")],
+        LOCAL_QUEUE,
+        missing_priority_class="urgent",
+    )
+    assert (update.status, update.reason) == ("True", Reason.ADMITTED)
 
 
 def test_describe_shortage_keeps_unparsed_messages() -> None:
     assert describe_shortage("ClusterQueue gpu-cq is inactive") == "ClusterQueue gpu-cq is inactive"
 
 
-def test_gated_pods_without_workloads_point_at_the_pods_events() -> None:
+def test_gated_pods_without_workloads_say_so() -> None:
     update = judge_admission("interactive", [pod("a", True)], [], LOCAL_QUEUE)
-    assert update.status == "False"
-    assert "no Workload" in update.message
+    assert (update.status, update.reason) == ("False", Reason.WAITING_FOR_QUOTA)
+    assert "has no Workload for them yet" in update.message
+    assert "events" not in update.message

@@ -117,6 +117,22 @@ def test_a_new_draft_revision_rolls_forward_only_once_ready() -> None:
     assert status(kube)["stableRevision"] == second.removeprefix("chat-")
 
 
+def test_a_missing_workload_priority_class_is_named_in_admitted_until_it_exists() -> None:
+    body = sd_body()
+    body["spec"]["placement"]["priorityClass"] = "urgent"
+    kube, reconciler, events = setup(body)
+    kube.priority_classes = {"high", "low"}
+    reconciler.reconcile("ns", "chat")
+    admitted = condition(kube, "Admitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", "PriorityClassNotFound")
+    assert "WorkloadPriorityClass urgent does not exist" in admitted["message"]
+    assert "PriorityClassNotFound" in [reason for reason, _ in events]
+
+    kube.priority_classes.add("urgent")
+    reconciler.reconcile("ns", "chat")
+    assert condition(kube, "Admitted")["reason"] != "PriorityClassNotFound"
+
+
 def test_unschedulable_pair_creates_nothing_and_says_how_much_memory() -> None:
     body = sd_body()
     body["spec"]["pair"]["target"]["model"] = "meta-llama/Llama-3.1-405B-Instruct"

@@ -98,6 +98,18 @@ class KubeAdapter:
         )
         return found
 
+    def list_speculative_deployments(self, namespaces: list[str]) -> list[tuple[str, str]]:
+        """(namespace, name) of every SpeculativeDeployment in `namespaces` (all when empty)."""
+        found: list[dict[str, Any]] = []
+        scopes: list[str | None] = list(namespaces) or [None]
+        for namespace in scopes:
+            found += self._list(f"{GROUP}/{VERSION}", "SpeculativeDeployment", namespace)
+        return [
+            (item["metadata"]["namespace"], item["metadata"]["name"])
+            for item in found
+            if not item["metadata"].get("deletionTimestamp")
+        ]
+
     def list_gpu_nodes(self) -> list[dict[str, Any]]:
         """Every Node; sizing reads the GPU ones."""
         return self._list("v1", "Node", None)
@@ -119,16 +131,22 @@ class KubeAdapter:
         items: list[dict[str, Any]] = resource.get(namespace=namespace).to_dict().get("items") or []
         return items
 
-    def get_local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The Kueue LocalQueue, or None when it (or Kueue) does not exist."""
+    def _get_kueue(self, kind: str, name: str, namespace: str | None) -> dict[str, Any] | None:
         try:
-            resource = self.dynamic.resources.get(
-                group=KUEUE_GROUP, kind="LocalQueue", preferred=True
-            )
+            resource = self.dynamic.resources.get(group=KUEUE_GROUP, kind=kind, preferred=True)
             found: dict[str, Any] = resource.get(name=name, namespace=namespace).to_dict()
         except (ResourceNotFoundError, NotFoundError):
             return None
         return found
+
+    def get_local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Kueue LocalQueue, or None when it (or Kueue) does not exist."""
+        return self._get_kueue("LocalQueue", name, namespace)
+
+    def get_workload_priority_class(self, name: str) -> dict[str, Any] | None:
+        """The Kueue WorkloadPriorityClass (cluster-scoped), or None when it (or Kueue) does
+        not exist."""
+        return self._get_kueue("WorkloadPriorityClass", name, None)
 
     def has_pod_monitor_crd(self) -> bool:
         """Whether the Prometheus Operator's PodMonitor CRD is installed and established."""

@@ -52,6 +52,8 @@ class Reason:
     ADMITTED: Final = "Admitted"
     WAITING_FOR_QUOTA: Final = "WaitingForQuota"
     NO_QUEUE: Final = "NoQueue"
+    LOCAL_QUEUE_NOT_FOUND: Final = "LocalQueueNotFound"
+    PRIORITY_CLASS_NOT_FOUND: Final = "PriorityClassNotFound"
     # Sized
     SIZED: Final = "Sized"
     UNSCHEDULABLE: Final = "Unschedulable"

@@ -6,11 +6,14 @@ makes a development cluster work; the Helm chart sets the production ones.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
+from specdeploy.api import labels
 from specdeploy.api.models import (
+    LABEL_VALUE_PATTERN,
     AnalysisSpec,
     ApiModel,
     Duration,
@@ -48,6 +51,57 @@ class GpuProductOverride(ApiModel):
     )
 
 
+# A label key: an optional DNS-subdomain prefix and a name of at most 63 characters,
+# alphanumeric at both ends (Kubernetes' rule; values follow LABEL_VALUE_PATTERN).
+LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+#: Labels the operator itself sets on its children and selects them by: never from config.
+OWN_LABELS = frozenset({labels.MANAGED_BY, labels.NAME, labels.REVISION, labels.PAIR_VERSION})
+
+
+class LeaderElection(ApiModel):
+    """A Lease (coordination.k8s.io/v1) that one operator process holds while it reconciles;
+    the others wait for it. The defaults are client-go's."""
+
+    enabled: bool = Field(default=False, description="Reconcile only while holding the Lease.")
+    namespace: str = Field(default="", description="Namespace of the Lease (required).")
+    lease_name: str = Field(default="specdeploy-operator", description="Name of the Lease.")
+    lease_duration_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description="How long a Lease not renewed stays held: a standby takes over this long "
+        "after the holder stops renewing.",
+    )
+    renew_deadline_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="The holder stops reconciling (and exits) when it could not renew for "
+        "this long; shorter than leaseDurationSeconds.",
+    )
+    retry_period_seconds: float = Field(
+        default=2.0, gt=0, description="Time between tries to take or renew the Lease."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LeaderElection:
+        if not self.enabled:
+            return self
+        if not self.namespace:
+            raise ValueError("leaderElection.namespace is required when leader election is on")
+        if (
+            not self.retry_period_seconds
+            < self.renew_deadline_seconds
+            < (self.lease_duration_seconds)
+        ):
+            raise ValueError(
+                "leaderElection needs retryPeriodSeconds < renewDeadlineSeconds < "
+                f"leaseDurationSeconds, got {self.retry_period_seconds} < "
+                f"{self.renew_deadline_seconds} < {self.lease_duration_seconds}"
+            )
+        return self
+
+
 class OperatorConfig(ApiModel):
     """What the operator needs to know about its cluster and its engine image."""
 
@@ -75,6 +129,17 @@ class OperatorConfig(ApiModel):
     )
     prometheus_url: str = Field(
         default="http://prometheus-operated.monitoring.svc:9090", description="Prometheus."
+    )
+    pod_monitor_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Labels put on every PodMonitor the operator makes, e.g. {release: <name>} for the "
+            "Prometheus of kube-prometheus-stack, which selects PodMonitors by that label."
+        ),
+    )
+    leader_election: LeaderElection = Field(
+        default_factory=LeaderElection,
+        description="Only the holder of a Lease reconciles, so several replicas are safe.",
     )
     analysis_defaults: AnalysisSettings = Field(
         default_factory=AnalysisSettings, description="Used where spec.rollout.analysis is unset."
@@ -111,6 +176,20 @@ class OperatorConfig(ApiModel):
             "{model} and {revision} are filled in."
         ),
     )
+
+    @field_validator("pod_monitor_labels")
+    @classmethod
+    def _valid_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label_value in value.items():
+            if key in OWN_LABELS:
+                raise ValueError(f"podMonitorLabels: {key} is set by the operator itself")
+            if not LABEL_KEY.match(key):
+                raise ValueError(f"podMonitorLabels: {key!r} is not a valid label key")
+            if len(label_value) > 63 or not re.match(LABEL_VALUE_PATTERN, label_value):
+                raise ValueError(
+                    f"podMonitorLabels: {label_value!r} (of {key}) is not a valid label value"
+                )
+        return value
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None) -> OperatorConfig:

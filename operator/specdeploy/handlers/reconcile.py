@@ -1,9 +1,10 @@
 """One level-based reconcile of a SpeculativeDeployment: observe, decide, apply.
 
 Observe reads one snapshot (the SD, its revision Deployments and their records, the Service and
-PodMonitor, pods, nodes, Kueue's Workloads and LocalQueue, model shapes); `plan.decide.decide`
-turns it into every write and Event with no I/O; apply sends them in order. A reconcile that
-finds every child holding its desired fields and the status exact sends nothing.
+PodMonitor, pods, nodes, Kueue's Workloads, LocalQueue and WorkloadPriorityClass, model shapes);
+`plan.decide.decide` turns it into every write and Event with no I/O; apply sends them in
+order. A reconcile that finds every child holding its desired fields and the status exact sends
+nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from specdeploy.plan.analysis import Measurement
 from specdeploy.plan.children import RECORD_API_VERSION, RECORD_KIND
 from specdeploy.plan.decide import Decision, Snapshot, decide, watches_acceptance
 from specdeploy.plan.gpu_catalog import catalog_for_config
-from specdeploy.plan.rollout import RevisionDeployment, read_revision_deployment
+from specdeploy.plan.rollout import read_revision_deployment
 from specdeploy.plan.sizing import models_needing_shapes
 from specdeploy.plan.speculation import decide_speculation, served_spec
 
@@ -100,6 +101,7 @@ class Reconciler:
         namespace, name, uid = sd.metadata.namespace or "", sd.metadata.name, sd.metadata.uid
         selector = f"{labels.NAME}={name}"
         queue = sd.spec.placement.queue
+        priority_class = sd.spec.placement.priority_class if queue else None
         pod_monitor_served = self.kube.has_pod_monitor_crd()
         deployments = [
             d for d in self.kube.list_deployments(namespace, selector) if _owned_by(d, uid)
@@ -125,6 +127,9 @@ class Reconciler:
             pods=self.kube.list_pods(namespace, selector),
             workloads=self.kube.list_workloads(namespace) if queue else [],
             local_queue=self.kube.get_local_queue(namespace, queue) if queue else None,
+            priority_class=(
+                self.kube.get_workload_priority_class(priority_class) if priority_class else None
+            ),
             fetched_shapes=self._fetched_shapes(sd),
             measurements=self._measurements(sd, deployments),
         )
@@ -190,14 +195,6 @@ class Reconciler:
             )
         if decision.shape_unknown:
             log.warning("%s/%s: %s", namespace, name, decision.shape_unknown)
-
-    def revisions_of(self, namespace: str, name: str) -> list[RevisionDeployment]:
-        """The revision Deployments of one SD (for the delete handler and diagnostics)."""
-        selector = f"{labels.NAME}={name}"
-        found = (
-            read_revision_deployment(d) for d in self.kube.list_deployments(namespace, selector)
-        )
-        return [r for r in found if r is not None]
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:

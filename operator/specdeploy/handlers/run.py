@@ -1,10 +1,17 @@
 """`specdeploy operator run`: the kopf wiring around `Reconciler`.
 
-Handlers only route: create, update, resume, a periodic timer and changes of child Deployments
-all call the same level-based reconcile; so do watch events of every child (revision
-Deployments and their records, the Service, the PodMonitor), which is how a change made to a
-child out of band is set back at once rather than at the next timer. kopf's finalizer and
-progress annotations live under `specdeploy.dev`. The config comes from a file
+Handlers only route: create, update, resume and watch events of every child (revision
+Deployments and their records, the Service, the PodMonitor) all call the same level-based
+reconcile, which is how a change made to a child out of band is set back at once; a periodic
+round (`reconcile_periodically`) reconciles every SD every `reconcileIntervalSeconds`.
+
+No handler needs a finalizer, so none is set (kopf removes the `specdeploy.dev/finalizer` an
+older operator left): SDs and their namespaces can be deleted while the operator is not
+running, and owner references let the garbage collector delete the children. kopf's timers
+always set one, hence the periodic round of our own rather than `kopf.timer`.
+
+With `leaderElection.enabled` the process first takes a Lease (handlers.leadership) and runs
+kopf and the periodic round only while it holds it. The config comes from a file
 (`--config PATH`) or a ConfigMap (`--config configmap:<namespace>/<name>`, key `config.yaml`).
 """
 
@@ -19,6 +26,7 @@ from typing import Any, cast
 
 import kopf
 import yaml
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from specdeploy import GROUP, VERSION
@@ -27,6 +35,7 @@ from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import PLURAL
+from specdeploy.handlers.leadership import LeaseElector, default_identity
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.pair_check import shows_launcher_exit
 
@@ -35,6 +44,7 @@ ANNOTATION_PREFIX = "specdeploy.dev"
 CONFIGMAP_PREFIX = "configmap:"
 CONFIGMAP_KEY = "config.yaml"
 RETRY_DELAY_SECONDS = 5
+RECONCILE_WORKERS = 8
 
 log = logging.getLogger("specdeploy.operator")
 
@@ -87,12 +97,7 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         )
         settings.posting.enabled = True
         settings.posting.level = logging.WARNING
-        settings.execution.max_workers = 8
-        # A timer whose reconcile is running when its SD is deleted holds the finalizer until it
-        # exits; kopf looks again only every `cancellation_polling` seconds (60 by default),
-        # which left deleted SDs waiting a minute. A reconcile takes well under a second.
-        settings.background.instant_exit_timeout = 1.0
-        settings.background.cancellation_polling = RETRY_DELAY_SECONDS
+        settings.execution.max_workers = RECONCILE_WORKERS
 
     def reconcile_now(namespace: str | None, name: str | None) -> None:
         if not namespace or not name:
@@ -109,15 +114,6 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
     @kopf.on.create(*resource, registry=registry, backoff=RETRY_DELAY_SECONDS)
     @kopf.on.update(*resource, registry=registry, backoff=RETRY_DELAY_SECONDS)
     def on_spec(namespace: str | None, name: str | None, **_: Any) -> None:
-        reconcile_now(namespace, name)
-
-    @kopf.timer(
-        *resource,
-        interval=config.reconcile_interval_seconds,
-        backoff=RETRY_DELAY_SECONDS,
-        registry=registry,
-    )
-    def periodically(namespace: str | None, name: str | None, **_: Any) -> None:
         reconcile_now(namespace, name)
 
     def reconcile_owner(
@@ -164,15 +160,70 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         # all, since the pod never became ready, so decide now rather than at the next timer.
         reconcile_owner(namespace, labels, type, "a launcher exit")
 
-    @kopf.on.delete(*resource, registry=registry)
-    def on_delete(namespace: str | None, name: str | None, **_: Any) -> None:
-        # Owner references make the garbage collector remove the children too; deleting the
-        # revision Deployments here makes the cleanup immediate and independent of it.
-        if namespace and name:
-            for revision in reconciler.revisions_of(namespace, name):
-                reconciler.kube.delete("apps/v1", "Deployment", namespace, revision.name)
-
     return registry
+
+
+async def reconcile_periodically(
+    reconciler: Reconciler, namespaces: list[str], interval: float
+) -> None:
+    """Every `interval` seconds, reconciles every SpeculativeDeployment of `namespaces` (all
+    when empty): the level-based round that picks up what no watch event announces (quota
+    freed, nodes changed, metrics to judge)."""
+    workers = asyncio.Semaphore(RECONCILE_WORKERS)
+
+    async def one(namespace: str, name: str) -> None:
+        async with workers:
+            try:
+                await asyncio.to_thread(reconciler.reconcile, namespace, name)
+            except ApiException as error:
+                log.warning("periodic reconcile of %s/%s failed: %s", namespace, name, error)
+
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            found = await asyncio.to_thread(
+                reconciler.kube.list_speculative_deployments, namespaces
+            )
+        except ApiException as error:
+            log.warning("listing SpeculativeDeployments failed: %s", error)
+            continue
+        await asyncio.gather(*(one(namespace, name) for namespace, name in found))
+
+
+async def run_operator(
+    reconciler: Reconciler,
+    registry: kopf.OperatorRegistry,
+    config: OperatorConfig,
+    namespaces: list[str],
+    elector: LeaseElector | None,
+) -> int:
+    """kopf and the periodic round, once `elector` (if any) holds its Lease; returns 1 when
+    the Lease was lost, else 0 on a clean stop."""
+    lost = asyncio.Event()
+    if elector is not None:
+        await elector.acquire()
+    tasks = [
+        asyncio.create_task(
+            reconcile_periodically(reconciler, namespaces, config.reconcile_interval_seconds)
+        )
+    ]
+    if elector is not None:
+        tasks.append(asyncio.create_task(elector.keep(lost)))
+    try:
+        await kopf.operator(
+            registry=registry,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            standalone=True,
+            liveness_endpoint=config.liveness_endpoint,
+            stop_flag=lost,
+        )
+    finally:
+        for task in tasks:
+            task.cancel()
+        if elector is not None and not lost.is_set():
+            await asyncio.to_thread(elector.release)
+    return 1 if lost.is_set() else 0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -188,6 +239,14 @@ def main(args: argparse.Namespace) -> int:
     namespaces = list(getattr(args, "namespace", None) or config.namespaces)
     reconciler = Reconciler(kube, config, post_kopf_event, metrics=metrics)
     registry = build_registry(reconciler, config)
+    elector = None
+    if config.leader_election.enabled:
+        # Its own API client: Lease renewals are not reconcile writes.
+        elector = LeaseElector(
+            client.CoordinationV1Api(client.ApiClient()),
+            config.leader_election,
+            default_identity(),
+        )
     if config.metrics_endpoint:
         host, port = metrics.serve(config.metrics_endpoint)
         log.info("metrics on http://%s:%d/metrics", host, port)
@@ -196,13 +255,4 @@ def main(args: argparse.Namespace) -> int:
         namespaces or "all",
         config.reconcile_interval_seconds,
     )
-    asyncio.run(
-        kopf.operator(
-            registry=registry,
-            clusterwide=not namespaces,
-            namespaces=namespaces,
-            standalone=True,
-            liveness_endpoint=config.liveness_endpoint,
-        )
-    )
-    return 0
+    return asyncio.run(run_operator(reconciler, registry, config, namespaces, elector))

@@ -9,6 +9,7 @@ revision. Names and labels follow docs/contracts.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from specdeploy.api import labels
@@ -317,12 +318,20 @@ def build_service(sd: SpeculativeDeployment) -> dict[str, Any]:
     }
 
 
-def build_pod_monitor(sd: SpeculativeDeployment) -> dict[str, Any]:
-    """The PodMonitor `<sd>` (Prometheus Operator), copying name and revision into metrics."""
+def build_pod_monitor(
+    sd: SpeculativeDeployment, extra_labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The PodMonitor `<sd>` (Prometheus Operator), copying name and revision into metrics.
+
+    `extra_labels` (the config's podMonitorLabels) are what a Prometheus selects PodMonitors
+    by, e.g. `release: kube-prometheus-stack`; the operator's own labels win over them.
+    """
+    metadata = sd_wide_metadata(sd)
+    metadata["labels"] = {**(extra_labels or {}), **metadata["labels"]}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": sd_wide_metadata(sd),
+        "metadata": metadata,
         "spec": {
             "selector": {"matchLabels": {labels.NAME: sd.metadata.name}},
             "podMetricsEndpoints": [{"port": PORT_NAME, "path": "/metrics"}],

@@ -84,6 +84,8 @@ class Snapshot:
     pods: Sequence[Mapping[str, Any]]
     workloads: Sequence[Mapping[str, Any]]
     local_queue: Mapping[str, Any] | None
+    #: The Kueue WorkloadPriorityClass spec.placement names (read only with a queue), or None.
+    priority_class: Mapping[str, Any] | None = None
     #: Shapes of models neither the spec nor the catalog describes, read from their config.json.
     fetched_shapes: Mapping[str, ModelShape] = field(default_factory=dict)
     #: What Prometheus measured of each revision with ready pods (when it is read at all).
@@ -368,7 +370,13 @@ def decide(
 
     queue = spec.placement.queue
     admission = judge_admission(
-        queue, snapshot.pods, snapshot.workloads if queue else [], snapshot.local_queue
+        queue,
+        snapshot.pods,
+        snapshot.workloads if queue else [],
+        snapshot.local_queue,
+        missing_priority_class=(
+            spec.placement.priority_class if snapshot.priority_class is None else None
+        ),
     )
     seen = ObservedRollout(
         sizing=sizing,
@@ -500,7 +508,7 @@ def _children(
     wanted.append(build_service(served))
     live[("Service", served.metadata.name)] = snapshot.service
     if snapshot.pod_monitor_served:
-        wanted.append(build_pod_monitor(served))
+        wanted.append(build_pod_monitor(served, config.pod_monitor_labels))
         live[("PodMonitor", served.metadata.name)] = snapshot.pod_monitor
 
     applies: list[dict[str, Any]] = []

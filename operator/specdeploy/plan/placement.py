@@ -54,11 +54,14 @@ def judge_admission(
     pods: Sequence[Mapping[str, Any]],
     workloads: Sequence[Mapping[str, Any]],
     local_queue: Mapping[str, Any] | None,
+    missing_priority_class: str | None = None,
 ) -> ConditionUpdate:
     """The Admitted condition from the pods' scheduling gates and their Kueue Workloads.
 
-    True when no pod is gated; False naming the ClusterQueue and what it lacks while pods wait
-    for quota; Unknown before any pod exists.
+    True when no pod is gated. False naming what Kueue lacks to admit them: the LocalQueue
+    (`local_queue` None), the WorkloadPriorityClass `missing_priority_class` (Kueue makes no
+    Workload for a pod whose class does not exist, and says so only in its own log), or the
+    ClusterQueue's quota. Unknown before any pod exists.
     """
     if queue is None:
         return ConditionUpdate(
@@ -69,12 +72,8 @@ def judge_admission(
         )
     cluster_queue = str(((local_queue or {}).get("spec") or {}).get("clusterQueue") or "")
     live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
-    if not live:
-        return ConditionUpdate(
-            ConditionType.ADMITTED, "Unknown", Reason.WAITING_FOR_QUOTA, "no pods yet"
-        )
     gated = [p for p in live if is_gated(p)]
-    if not gated:
+    if live and not gated:
         admitted_by = {
             str(((w.get("status") or {}).get("admission") or {}).get("clusterQueue") or "")
             for w in workloads
@@ -86,12 +85,27 @@ def judge_admission(
             Reason.ADMITTED,
             f"{len(live)} pods admitted by ClusterQueue {by} (LocalQueue {queue})",
         )
+    held = f"{len(gated)} of {len(live)} pods stay gated" if live else "pods will stay gated"
     if local_queue is None:
         return ConditionUpdate(
             ConditionType.ADMITTED,
             "False",
-            Reason.WAITING_FOR_QUOTA,
-            f"{len(gated)} of {len(live)} pods gated: LocalQueue {queue} does not exist",
+            Reason.LOCAL_QUEUE_NOT_FOUND,
+            f"LocalQueue {queue} does not exist in this namespace: {held} until it is created "
+            "(or spec.placement.queue names one that does)",
+        )
+    if missing_priority_class is not None:
+        return ConditionUpdate(
+            ConditionType.ADMITTED,
+            "False",
+            Reason.PRIORITY_CLASS_NOT_FOUND,
+            f"WorkloadPriorityClass {missing_priority_class} does not exist, so Kueue makes no "
+            f"Workload: {held} until it is created (or spec.placement.priorityClass names one "
+            "that does)",
+        )
+    if not live:
+        return ConditionUpdate(
+            ConditionType.ADMITTED, "Unknown", Reason.WAITING_FOR_QUOTA, "no pods yet"
         )
     gated_names = {str((p.get("metadata") or {}).get("name", "")) for p in gated}
     shortages: list[str] = []
@@ -108,9 +122,7 @@ def judge_admission(
     if shortages:
         lacks = f" lacks {'; '.join(shortages)}"
     elif with_workload == 0:
-        # Kueue refuses to create a Workload for a pod it cannot queue (e.g. an unknown
-        # priority class); its reason is an Event on the pod.
-        lacks = " has no Workload for them (see the pods' events)"
+        lacks = " has no Workload for them yet"
     else:
         lacks = " has not admitted them yet"
     return ConditionUpdate(
