@@ -51,8 +51,11 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* The operator config file: the values' config plus the probe and metrics endpoints. */}}
+{{/* The operator config file: the values' config plus the probe and metrics endpoints and
+the Lease's namespace (the release's, where the chart grants access to it). */}}
 {{- define "specdeploy.config" -}}
 {{- $endpoints := dict "livenessEndpoint" (printf "http://0.0.0.0:%d%s" (int .Values.probes.port) .Values.probes.path) "metricsEndpoint" (printf "http://0.0.0.0:%d/metrics" (int .Values.metrics.port)) }}
-{{- toYaml (merge $endpoints (deepCopy .Values.config)) }}
+{{- $config := merge $endpoints (deepCopy .Values.config) }}
+{{- $_ := set $config "leaderElection" (merge (dict "namespace" .Release.Namespace) (deepCopy .Values.leaderElection)) }}
+{{- toYaml $config }}
 {{- end }}
