@@ -90,6 +90,26 @@ def _operator_run(args: argparse.Namespace) -> int:
     return run(args)
 
 
+OPERATOR_RUN_DESCRIPTION = """\
+Runs the specdeploy operator until interrupted: every SpeculativeDeployment in the watched
+namespaces becomes one Deployment per revision (the pair, its sizing and engine settings),
+a Service and, when the Prometheus Operator's CRD is there, a PodMonitor; new pairs roll out
+(as canaries when spec.rollout asks) and status says where each stands."""
+
+OPERATOR_RUN_EPILOG = """\
+cluster access:
+  in a pod its ServiceAccount; elsewhere the current context of KUBECONFIG (~/.kube/config).
+  The chart (charts/specdeploy) grants exactly the permissions used (docs/chart.md).
+
+several replicas:
+  with leaderElection.enabled in the config only the holder of the Lease reconciles; the
+  others stand by and take over when it stops renewing. Without it run one process.
+
+examples:
+  specdeploy operator run --namespace serving --log-reconciles
+  specdeploy operator run --config configmap:specdeploy-system/specdeploy"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `specdeploy`, with every subcommand."""
     parser = argparse.ArgumentParser(
@@ -133,8 +153,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     operator = commands.add_parser("operator", help="run the operator")
     operator_commands = operator.add_subparsers(dest="operator_command", required=True)
-    run = operator_commands.add_parser("run", help="reconcile SpeculativeDeployments")
-    run.add_argument("--config", help="operator config file (YAML, camelCase keys)")
+    run = operator_commands.add_parser(
+        "run",
+        help="reconcile SpeculativeDeployments",
+        description=OPERATOR_RUN_DESCRIPTION,
+        epilog=OPERATOR_RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument(
+        "--config",
+        metavar="PATH|configmap:NS/NAME",
+        help="operator config: a YAML file (camelCase keys, see docs/operator.md) or the key "
+        "config.yaml of a ConfigMap; default: every setting's default",
+    )
     run.add_argument(
         "--namespace",
         action="append",
