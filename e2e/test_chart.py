@@ -213,6 +213,8 @@ def hub_sd(namespace: str) -> dict[str, Any]:
             "draft": {"method": "ngram", "numSpeculativeTokens": 3},
         },
         modelSource={"hub": {"tokenSecretRef": {"name": "hub-token", "key": "token"}}},
+        # A Kueue priority class, so that the operator looks it up (it does not exist here).
+        placement={"queue": "interactive", "priorityClass": "e2e-unlisted"},
     )
 
 
@@ -380,8 +382,8 @@ def run_through_every_call(kubectl: Kubectl, namespace: str, operator: OperatorP
         "the unlisted model's SD reconciled (no shape: not sized)",
     )
 
-    # The delete handler removes the revision Deployments at once; the SDs themselves may go
-    # up to a minute later when a timer round races the deletion (kopf retries it then).
+    # No finalizer holds the SDs: they go at once, and the garbage collector deletes the
+    # revision Deployments they own.
     kubectl.run("delete", "sd", "chat", "hub", "-n", namespace, "--wait=false")
     eventually(
         lambda: (
