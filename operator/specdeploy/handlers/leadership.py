@@ -19,11 +19,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
+from aiohttp import web
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -77,6 +79,29 @@ def released_spec(spec: Mapping[str, Any], now: datetime) -> dict[str, Any]:
         "leaseDurationSeconds": 1,
         "renewTime": now.strftime(MICRO_TIME),
     }
+
+
+async def serve_standby_probe(endpoint: str | None) -> Callable[[], Awaitable[None]]:
+    """Answers 200 at `endpoint` (the config's livenessEndpoint) while the process waits for the
+    Lease, so a standby pod is live and ready (a rolling update waits for the new pod to be
+    ready) before kopf serves that endpoint itself; returns what stops it."""
+    if not endpoint:
+        return _nothing
+    parts = urllib.parse.urlsplit(endpoint)
+
+    async def standby(_: web.Request) -> web.Response:
+        return web.json_response({"standby": True})
+
+    app = web.Application()
+    app.router.add_get(parts.path or "/", standby)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, parts.hostname, parts.port).start()
+    return runner.cleanup
+
+
+async def _nothing() -> None:
+    return None
 
 
 @dataclass

@@ -35,7 +35,7 @@ from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import PLURAL
-from specdeploy.handlers.leadership import LeaseElector, default_identity
+from specdeploy.handlers.leadership import LeaseElector, default_identity, serve_standby_probe
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.pair_check import shows_launcher_exit
 
@@ -201,7 +201,11 @@ async def run_operator(
     the Lease was lost, else 0 on a clean stop."""
     lost = asyncio.Event()
     if elector is not None:
-        await elector.acquire()
+        stop_probe = await serve_standby_probe(config.liveness_endpoint)
+        try:
+            await elector.acquire()
+        finally:
+            await stop_probe()
     tasks = [
         asyncio.create_task(
             reconcile_periodically(reconciler, namespaces, config.reconcile_interval_seconds)
