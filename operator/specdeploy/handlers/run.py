@@ -177,6 +177,9 @@ async def reconcile_periodically(
                 await asyncio.to_thread(reconciler.reconcile, namespace, name)
             except ApiException as error:
                 log.warning("periodic reconcile of %s/%s failed: %s", namespace, name, error)
+            except Exception:
+                # One SD's failure must not end the round for the others, nor the next rounds.
+                log.exception("periodic reconcile of %s/%s failed", namespace, name)
 
     while True:
         await asyncio.sleep(interval)
@@ -184,7 +187,7 @@ async def reconcile_periodically(
             found = await asyncio.to_thread(
                 reconciler.kube.list_speculative_deployments, namespaces
             )
-        except ApiException as error:
+        except Exception as error:  # the API unreachable for a while: try at the next round
             log.warning("listing SpeculativeDeployments failed: %s", error)
             continue
         await asyncio.gather(*(one(namespace, name) for namespace, name in found))
