@@ -183,14 +183,28 @@ def test_install_upgrade_with_a_changed_crd_and_uninstall_keeps_the_crd_and_sds(
 # --- the operator under the chart's ServiceAccount -------------------------------------------
 
 
-def legacy_revision(namespace: str, sd: str) -> dict[str, Any]:
+def legacy_revision(namespace: str, sd: str, sd_uid: str) -> dict[str, Any]:
     """A revision Deployment without a ControllerRevision record, as operators before records
-    made them: the operator can only resize it, through the scale subresource."""
+    made them (owned by its SD, as every child always was): the operator can only resize it,
+    through the scale subresource."""
     labels = {NAME_LABEL: sd, REVISION_LABEL: LEGACY_REVISION}
+    owner = {
+        "apiVersion": "specdeploy.dev/v1alpha1",
+        "kind": "SpeculativeDeployment",
+        "name": sd,
+        "uid": sd_uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": f"{sd}-{LEGACY_REVISION}", "namespace": namespace, "labels": labels},
+        "metadata": {
+            "name": f"{sd}-{LEGACY_REVISION}",
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [owner],
+        },
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": labels},
@@ -343,7 +357,7 @@ def run_through_every_call(kubectl: Kubectl, namespace: str, operator: OperatorP
     assert condition(sd, "Ready")["observedGeneration"] == sd["metadata"]["generation"]
     kubectl.get_json("podmonitor", "chat", "-n", namespace)
 
-    kubectl.apply([legacy_revision(namespace, "chat")])
+    kubectl.apply([legacy_revision(namespace, "chat", sd["metadata"]["uid"])])
     eventually(
         lambda: (
             kubectl.get_json("deployment", f"chat-{LEGACY_REVISION}", "-n", namespace)["spec"][
@@ -391,7 +405,8 @@ def run_through_every_call(kubectl: Kubectl, namespace: str, operator: OperatorP
                 "items"
             ]
         ),
-        60,
+        # The garbage collector's pace, on a loaded machine.
+        120,
         "the revision Deployments deleted with their SD",
     )
     events = kubectl.get_json("events", "-n", namespace)["items"]

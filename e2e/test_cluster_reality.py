@@ -70,6 +70,19 @@ def admitted(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
     return next((dict(c) for c in conditions if c["type"] == "Admitted"), {})
 
 
+def wait_admitted_reason(
+    kubectl: Kubectl, namespace: str, name: str, reason: str
+) -> dict[str, Any]:
+    """The SD's Admitted condition once its reason is `reason`."""
+
+    def found() -> dict[str, Any] | None:
+        condition = admitted(kubectl, namespace, name)
+        return condition if condition.get("reason") == reason else None
+
+    result: dict[str, Any] = eventually(found, 60, f"Admitted with reason {reason}")
+    return result
+
+
 def gone(kubectl: Kubectl, *args: str) -> bool:
     return kubectl.run("get", *args, check=False).returncode != 0
 
@@ -85,12 +98,7 @@ def test_a_missing_priority_class_is_named_until_it_is_created(
     body = llama_8b("chat", namespace)
     body["spec"]["placement"]["priorityClass"] = priority_class
     kubectl.apply([body])
-
-    def named() -> dict[str, Any] | None:
-        found = admitted(kubectl, namespace, "chat")
-        return found if found.get("reason") == "PriorityClassNotFound" else None
-
-    condition = eventually(named, 60, "Admitted=False naming the priority class")
+    condition = wait_admitted_reason(kubectl, namespace, "chat", "PriorityClassNotFound")
     assert condition["status"] == "False"
     assert f"WorkloadPriorityClass {priority_class} does not exist" in condition["message"]
     # Kueue holds the pods back meanwhile, and makes no Workload for them.
@@ -98,6 +106,15 @@ def test_a_missing_priority_class_is_named_until_it_is_created(
     assert pods
     assert all(p["spec"].get("schedulingGates") for p in pods)
     assert not kubectl.get_json("workloads.kueue.x-k8s.io", "-n", namespace)["items"]
+    # ...and `kubectl describe sd` shows it as a Warning Event.
+    events = kubectl.get_json("events", "-n", namespace)["items"]
+    assert any(
+        e["reason"] == "PriorityClassNotFound"
+        and e["type"] == "Warning"
+        and e["involvedObject"]["name"] == "chat"
+        and priority_class in e["message"]
+        for e in events
+    ), [(e["reason"], e["message"]) for e in events]
 
     kubectl.apply(
         [
@@ -127,12 +144,7 @@ def test_a_missing_local_queue_is_named(
     body = llama_8b("chat", namespace)
     body["spec"]["placement"]["queue"] = "no-such-queue"
     kubectl.apply([body])
-
-    def named() -> dict[str, Any] | None:
-        found = admitted(kubectl, namespace, "chat")
-        return found if found.get("reason") == "LocalQueueNotFound" else None
-
-    condition = eventually(named, 60, "Admitted=False naming the LocalQueue")
+    condition = wait_admitted_reason(kubectl, namespace, "chat", "LocalQueueNotFound")
     assert condition["status"] == "False"
     assert condition["message"].startswith("LocalQueue no-such-queue does not exist")
 
@@ -334,16 +346,24 @@ def lease(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
     return found
 
 
-def test_two_operators_one_reconciles_and_the_other_takes_over_when_it_is_killed(
-    kubectl: Kubectl, namespace: str, start_operator: Any
-) -> None:
+def leader_and_standby(
+    start_operator: Any, namespace: str, **second_config: Any
+) -> tuple[OperatorProcess, OperatorProcess]:
+    """Two operators on one Lease: the first started leads, the second stands by."""
     election = {"enabled": True, "namespace": namespace, "leaseName": "specdeploy-e2e"}
     first = start_operator("first", (namespace,), leaderElection=election)
     eventually(lambda: "leading: Lease" in first.log_text(), 60, "the first operator leading")
+    second = start_operator("second", (namespace,), leaderElection=election, **second_config)
+    eventually(lambda: "standing by" in second.log_text(), 60, "the second standing by")
+    return first, second
+
+
+def test_two_operators_one_reconciles_and_the_other_takes_over_when_it_is_killed(
+    kubectl: Kubectl, namespace: str, start_operator: Any
+) -> None:
     (probe_port,) = free_ports(1)
     probe = f"http://127.0.0.1:{probe_port}/healthz"
-    second = start_operator("second", (namespace,), leaderElection=election, livenessEndpoint=probe)
-    eventually(lambda: "standing by" in second.log_text(), 60, "the second standing by")
+    first, second = leader_and_standby(start_operator, namespace, livenessEndpoint=probe)
     # A standby is live and ready (so a rolling update of the chart's pods can proceed).
     assert probe_status(probe) == 200
     holder = lease(kubectl, namespace, "specdeploy-e2e")["spec"]["holderIdentity"]
@@ -354,7 +374,7 @@ def test_two_operators_one_reconciles_and_the_other_takes_over_when_it_is_killed
         "wait", "--for=condition=Ready", "sd/chat", "-n", namespace, "--timeout=120s", timeout=130
     )
     first.wait_for_reconciles(0, namespace, "chat", count=5)
-    # While both run only the holder reconciles: the standby read nothing and wrote nothing.
+    # While both run only the holder reconciles: the standby reconciled and wrote nothing.
     assert second.reconciles_since(0, namespace, "chat") == 0
     assert second.writes_since(0) == []
     assert first.writes_since(0), "the leader made the SD's children"
@@ -381,11 +401,7 @@ def test_two_operators_one_reconciles_and_the_other_takes_over_when_it_is_killed
 def test_a_cleanly_stopped_leader_hands_over_at_once(
     kubectl: Kubectl, namespace: str, start_operator: Any
 ) -> None:
-    election = {"enabled": True, "namespace": namespace, "leaseName": "specdeploy-e2e"}
-    first = start_operator("first", (namespace,), leaderElection=election)
-    eventually(lambda: "leading: Lease" in first.log_text(), 60, "the first operator leading")
-    second = start_operator("second", (namespace,), leaderElection=election)
-    eventually(lambda: "standing by" in second.log_text(), 60, "the second standing by")
+    first, second = leader_and_standby(start_operator, namespace)
     first.stop()
     assert "released Lease" in first.log_text()
     # Released, not expired: well within the Lease's 15 s.

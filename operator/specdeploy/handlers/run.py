@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import logging
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,6 +46,7 @@ CONFIGMAP_PREFIX = "configmap:"
 CONFIGMAP_KEY = "config.yaml"
 RETRY_DELAY_SECONDS = 5
 RECONCILE_WORKERS = 8
+EVENT_SOURCE = "specdeploy"
 
 log = logging.getLogger("specdeploy.operator")
 
@@ -69,9 +71,53 @@ def load_config(source: str | None, kube: KubeAdapter | None = None) -> Operator
     return OperatorConfig.from_mapping(data)
 
 
-def post_kopf_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    """Posts a Kubernetes Event about the SD through kopf's event poster."""
-    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:1024])
+class EventPoster:
+    """Posts Kubernetes Events about an SD (what `kubectl describe sd` shows).
+
+    Written here rather than with `kopf.event`, which only works inside kopf's own handlers: the
+    periodic round runs outside them. Its own API client, as kopf's was: Events are not counted
+    as reconcile writes. A failure to post is logged, never raised (Events are best effort).
+    """
+
+    def __init__(self, api: client.CoreV1Api, instance: str) -> None:
+        self.api = api
+        self.instance = instance
+
+    def __call__(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        metadata = body.get("metadata") or {}
+        namespace = metadata.get("namespace", "")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{metadata.get('name', 'sd')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": body.get("apiVersion"),
+                "kind": body.get("kind"),
+                "name": metadata.get("name"),
+                "namespace": namespace,
+                "uid": metadata.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": EVENT_SOURCE},
+            "reportingComponent": EVENT_SOURCE,
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.api.create_namespaced_event(namespace, cast(client.CoreV1Event, event))
+        except ApiException as error:
+            log.warning(
+                "event %s about %s/%s not posted: %s",
+                reason,
+                namespace,
+                metadata.get("name"),
+                error,
+            )
 
 
 def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.OperatorRegistry:
@@ -244,7 +290,9 @@ def main(args: argparse.Namespace) -> int:
     kube = KubeAdapter.from_environment(on_write=metrics.api_writes.inc)
     config = load_config(getattr(args, "config", None), kube)
     namespaces = list(getattr(args, "namespace", None) or config.namespaces)
-    reconciler = Reconciler(kube, config, post_kopf_event, metrics=metrics)
+    identity = default_identity()
+    post_event = EventPoster(client.CoreV1Api(client.ApiClient()), identity)
+    reconciler = Reconciler(kube, config, post_event, metrics=metrics)
     registry = build_registry(reconciler, config)
     elector = None
     if config.leader_election.enabled:
@@ -252,7 +300,7 @@ def main(args: argparse.Namespace) -> int:
         elector = LeaseElector(
             client.CoordinationV1Api(client.ApiClient()),
             config.leader_election,
-            default_identity(),
+            identity,
         )
     if config.metrics_endpoint:
         host, port = metrics.serve(config.metrics_endpoint)
