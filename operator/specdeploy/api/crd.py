@@ -21,6 +21,7 @@ from specdeploy import GROUP, VERSION
 from specdeploy.api.contract import OPERATOR_OWNED_FLAGS
 from specdeploy.api.models import (
     KIND,
+    LABEL_KEY_PATTERN,
     LABEL_VALUE_PATTERN,
     PLURAL,
     SHORT_NAMES,
@@ -43,6 +44,34 @@ _TP_INT = (
     " && type(self.engine.tensorParallelSize) == int"
 )
 _HUB = "has(self.modelSource) && has(self.modelSource.hub)"
+_PVC = "has(self.modelSource) && has(self.modelSource.pvc)"
+# A `..` path segment: joined under the volume's mount it would leave it.
+_DOT_DOT = "'(^|/)[.][.](/|$)'"
+# A label key's parts within their lengths: prefix up to 253, name up to 63 (the pattern on the
+# field, or the rule's first match, checks the characters).
+_LABEL_KEY_LENGTHS = "'^([^/]{1,253}/)?[^/]{1,63}$'"
+# Hub tokens go in as a Secret reference (spec.modelSource.hub.tokenSecretRef), never as text in
+# the spec, where anyone who can read the SD would read them.
+HUB_TOKEN_ENV_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# What extraArgs may not name: the operator's own flags, `--model` (a second model beside the
+# positional one) and `--config` (a YAML file of more arguments, read past these checks).
+REFUSED_EXTRA_FLAGS = (*OPERATOR_OWNED_FLAGS, "--model", "--config")
+
+
+def _cel_regex(pattern: str) -> str:
+    """A regex as a CEL string literal's content: CEL knows no `\\.` escape, `[.]` says it."""
+    return pattern.replace("\\.", "[.]")
+
+
+def refused_flags_regex(flags: tuple[str, ...]) -> str:
+    """A regex matching an argument that names one of `flags` or a prefix of one (argparse takes
+    unambiguous prefixes: `--served-model` is `--served-model-name`), alone, with `=value`, or
+    with vLLM's `.key` form (`--speculative-config.method=...` edits the config flag)."""
+    names = sorted(
+        {flag[2:][:n] for flag in flags for n in range(1, len(flag) - 1)},
+        key=lambda n: (-len(n), n),
+    )
+    return "^--(" + "|".join(names) + ")([=.].*)?$"
 
 
 def _gpu_pin(field: str) -> str:
@@ -186,13 +215,15 @@ CEL_RULES: tuple[CelRule, ...] = (
         message="rollout.canary.replicas must not exceed replicas",
         field_path=".rollout.canary.replicas",
     ),
+    # Also under an abbreviation or vLLM's `--flag.key=value` form, which would edit the
+    # operator's flag rather than repeat it.
     CelRule(
         path="spec.engine",
-        rule="!has(self.extraArgs) || self.extraArgs.all(a, !["
-        + ", ".join(f"'{flag}'" for flag in OPERATOR_OWNED_FLAGS)
-        + "].exists(f, a == f || a.startsWith(f + '=')))",
-        message="extraArgs must not set flags the operator sets: "
-        + ", ".join(OPERATOR_OWNED_FLAGS),
+        rule="!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('"
+        + refused_flags_regex(REFUSED_EXTRA_FLAGS)
+        + "'))",
+        message="extraArgs must not set flags the operator sets (nor their abbreviations): "
+        + ", ".join(REFUSED_EXTRA_FLAGS),
         field_path=".extraArgs",
     ),
     CelRule(
@@ -200,6 +231,56 @@ CEL_RULES: tuple[CelRule, ...] = (
         rule="!has(self.env) || self.env.all(e, !e.name.startsWith('SPECDEPLOY_'))",
         message="env names starting with SPECDEPLOY_ are reserved for the operator",
         field_path=".env",
+    ),
+    CelRule(
+        path="spec.engine",
+        rule="!has(self.env) || self.env.all(e, !(e.name in ["
+        + ", ".join(f"'{name}'" for name in HUB_TOKEN_ENV_NAMES)
+        + "]))",
+        message="the hub token is not set in env: use modelSource.hub.tokenSecretRef",
+        field_path=".env",
+    ),
+    # vLLM loads the models from paths; a `..` segment would leave the volume (pvc) or point
+    # anywhere in the container.
+    CelRule(
+        path="spec.pair.target",
+        rule=f"!has(self.model) || !self.model.matches({_DOT_DOT})",
+        message="model must not contain a '..' path segment",
+        field_path=".model",
+    ),
+    CelRule(
+        path="spec.pair.draft",
+        rule=f"!has(self.model) || !self.model.matches({_DOT_DOT})",
+        message="model must not contain a '..' path segment",
+        field_path=".model",
+    ),
+    CelRule(
+        path="spec.modelSource.pvc",
+        rule=f"!has(self.path) || !self.path.matches({_DOT_DOT})",
+        message="path must not contain a '..' path segment",
+        field_path=".path",
+    ),
+    CelRule(
+        path="spec",
+        rule=f"!({_PVC}) || !has(self.pair.target.model)"
+        " || !self.pair.target.model.matches('^[/~]')",
+        message="with modelSource.pvc the target model is a path relative to the volume",
+        field_path=".pair.target.model",
+    ),
+    CelRule(
+        path="spec",
+        rule=f"!({_PVC}) || !has(self.pair.draft.model) || !self.pair.draft.model.matches('^[/~]')",
+        message="with modelSource.pvc the draft model is a path relative to the volume",
+        field_path=".pair.draft.model",
+    ),
+    # Node selector keys are label keys (a map's keys have no schema of their own).
+    CelRule(
+        path="spec.placement",
+        rule="!has(self.nodeSelector) || self.nodeSelector.all(k, k.matches('"
+        + _cel_regex(LABEL_KEY_PATTERN)
+        + f"') && k.matches({_LABEL_KEY_LENGTHS}))",
+        message="nodeSelector keys must be label keys ([prefix/]name, name at most 63 chars)",
+        field_path=".nodeSelector",
     ),
     CelRule(
         path="spec.pair.target.shape",
@@ -305,6 +386,25 @@ CEL_RULES: tuple[CelRule, ...] = (
         message="a toleration with operator Exists takes no value",
         field_path=".value",
     ),
+    CelRule(
+        path="spec.placement.tolerations.items",
+        rule="(has(self.key) && self.key != '')"
+        " || (has(self.operator) && self.operator == 'Exists')",
+        message="a toleration without a key needs operator Exists",
+        field_path=".operator",
+    ),
+    CelRule(
+        path="spec.placement.tolerations.items",
+        rule="!has(self.key) || self.key.matches(" + _LABEL_KEY_LENGTHS + ")",
+        message="a toleration key's name is at most 63 characters, its prefix 253",
+        field_path=".key",
+    ),
+    CelRule(
+        path="spec.placement.tolerations.items",
+        rule="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+        message="tolerationSeconds needs effect NoExecute",
+        field_path=".tolerationSeconds",
+    ),
 )
 
 # Lists whose items are identified by a key: the API server rejects duplicates and server-side
@@ -348,7 +448,8 @@ METADATA_SCHEMA: dict[str, Any] = {
     },
 }
 
-_DROPPED_KEYS = frozenset({"title", "$defs", "examples"})
+# propertyNames (a map's keys) is no part of a structural schema: CEL rules check those keys.
+_DROPPED_KEYS = frozenset({"title", "$defs", "examples", "propertyNames"})
 
 
 class SchemaError(ValueError):
@@ -396,6 +497,11 @@ def _to_structural(
         elif key == "additionalProperties":
             if isinstance(value, dict):
                 out[key] = _to_structural(value, defs, keep_defaults=keep_defaults)
+        elif key == "patternProperties":
+            # A map with constrained keys: a structural schema has no patternProperties; its
+            # values' schema stays (additionalProperties), CEL rules check the keys.
+            (values,) = value.values()
+            out["additionalProperties"] = _to_structural(values, defs, keep_defaults=keep_defaults)
         elif key == "const":
             out["enum"] = [value]
         else:

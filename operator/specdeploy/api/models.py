@@ -27,16 +27,58 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 # Go-style durations as the API server and Prometheus understand them: "90s", "5m", "1h30m".
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
-# Kubernetes resource.Quantity, as the core API's own schema spells it.
+# Kubernetes resource.Quantity as the core API's own schema spells it, less the minus sign: a
+# container's requests and limits may not be negative.
 QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 
-# A label value: the pair version is copied into the label specdeploy.dev/pair-version.
+# Every string the operator copies into another object is held at admission to what that object
+# accepts (docs/contracts.md, "What a spec value may become"), so a CR the API server accepts
+# never leaves the operator retrying a write the API server refuses.
+#: A label value (pair version, queue, priority class, GPU product, node selector values).
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+#: A label key: an optional DNS subdomain prefix and `/`, then a name of at most 63 characters
+#: (node selector keys, toleration keys). The lengths are checked by a CEL rule.
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
+)
+#: A name that is both a label value and a DNS-1123 subdomain (Kueue LocalQueue and
+#: WorkloadPriorityClass names, which are also copied into label values).
+LABEL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+#: A DNS-1123 subdomain: Secret and PersistentVolumeClaim names.
+SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: A Secret's data key.
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+#: An environment variable name: a C identifier (what every shell and the pod API accept).
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+#: A model: a hub id (org/name) or a path. Passed to vLLM as an argument of its own, so it may
+#: not start with `-` (vLLM would read it as a flag); no spaces, quotes or control characters.
+#: `..` segments are refused by a CEL rule.
+MODEL_PATTERN = r"^[A-Za-z0-9_./~@+][-A-Za-z0-9_./~@+=:]*$"
+#: A hub revision (commit id, branch or tag); not a flag either.
+REVISION_PATTERN = r"^[A-Za-z0-9_.][-A-Za-z0-9_./+]*$"
+#: A directory inside a volume, relative to it (`..` segments refused by a CEL rule).
+RELATIVE_PATH_PATTERN = r"^([A-Za-z0-9_.@+~][-A-Za-z0-9_./@+~=]*)?$"
+#: A container image reference.
+IMAGE_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9_./:@+]*$"
+#: One `vllm serve` argument: a long flag (lowercase with dashes, optionally with `.key`s and
+#: `=value`), or a value that does not start with `-` (a negative number goes as `--flag=-1`).
+#: Single-dash short flags (`-tp`, `-sc`, `-O`) are aliases of long ones and are refused, so the
+#: operator's own flags cannot come back under another name. No control characters anywhere.
+EXTRA_ARG_PATTERN = (
+    r"^(--[a-z0-9][-a-z0-9]*(\.[-A-Za-z0-9_.]+\+?)?(=[^\x00-\x1f\x7f]*)?"
+    r"|[^-\x00-\x1f\x7f][^\x00-\x1f\x7f]*)$"
+)
+#: An environment variable's value: text, tabs and line breaks, no other control characters.
+ENV_VALUE_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
 
-Duration = Annotated[str, Field(pattern=DURATION_PATTERN)]
+Duration = Annotated[str, Field(max_length=32, pattern=DURATION_PATTERN)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+ExtraArg = Annotated[str, Field(min_length=1, max_length=2048, pattern=EXTRA_ARG_PATTERN)]
+LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=LABEL_KEY_PATTERN)]
 # The anyOf of exactly integer and string is the one anyOf a structural schema allows.
 _INT_OR_STRING: dict[str, Any] = {
     "x-kubernetes-int-or-string": True,
@@ -44,7 +86,7 @@ _INT_OR_STRING: dict[str, Any] = {
 }
 Quantity = Annotated[
     int | str,
-    WithJsonSchema({**_INT_OR_STRING, "pattern": QUANTITY_PATTERN}),
+    WithJsonSchema({**_INT_OR_STRING, "pattern": QUANTITY_PATTERN, "minimum": 0}),
 ]
 # An int or the word "auto"; the CEL rule on the field (see crd.py) rejects other strings.
 IntOrAuto = Annotated[
@@ -105,7 +147,10 @@ class ModelShape(ApiModel):
     vocab_size: int = Field(ge=1, description="Vocabulary size.")
     dtype: Dtype = Field(description="Data type of the weights as served.")
     quantization: str | None = Field(
-        default=None, description="Quantization method of the checkpoint, e.g. fp8, awq, gptq."
+        default=None,
+        max_length=63,
+        pattern=r"^[a-z0-9][-a-z0-9_]*$",
+        description="Quantization method of the checkpoint, e.g. fp8, awq, gptq.",
     )
 
 
@@ -114,6 +159,8 @@ class TargetSpec(ApiModel):
 
     model: str = Field(
         min_length=1,
+        max_length=512,
+        pattern=MODEL_PATTERN,
         description=(
             "Model id on the hub (org/name), or a path when modelSource is pvc or absent "
             "(a path inside the image or on the node)."
@@ -122,6 +169,8 @@ class TargetSpec(ApiModel):
     revision: str | None = Field(
         default=None,
         min_length=1,
+        max_length=255,
+        pattern=REVISION_PATTERN,
         description="Hub commit or tag the model is pinned to. Required with modelSource.hub.",
     )
     shape: ModelShape | None = Field(
@@ -160,11 +209,15 @@ class DraftSpec(ApiModel):
     model: str | None = Field(
         default=None,
         min_length=1,
+        max_length=512,
+        pattern=MODEL_PATTERN,
         description="Draft checkpoint (hub id or path), trained for exactly this target.",
     )
     revision: str | None = Field(
         default=None,
         min_length=1,
+        max_length=255,
+        pattern=REVISION_PATTERN,
         description="Hub commit or tag of the draft. Required with modelSource.hub and a model.",
     )
     num_speculative_tokens: int | None = Field(
@@ -214,8 +267,12 @@ class PairSpec(ApiModel):
 class EnvVar(ApiModel):
     """An environment variable for the engine container."""
 
-    name: str = Field(min_length=1, max_length=256, description="Variable name.")
-    value: str = Field(default="", description="Variable value.")
+    name: str = Field(
+        min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name."
+    )
+    value: str = Field(
+        default="", max_length=32768, pattern=ENV_VALUE_PATTERN, description="Variable value."
+    )
 
 
 class EngineResources(ApiModel):
@@ -231,7 +288,10 @@ class EngineSpec(ApiModel):
     """The vLLM engine settings shared by target and draft."""
 
     image: str | None = Field(
-        default=None, description="Engine image; defaults to the operator's configured image."
+        default=None,
+        max_length=512,
+        pattern=IMAGE_PATTERN,
+        description="Engine image; defaults to the operator's configured image.",
     )
     tensor_parallel_size: IntOrAuto = Field(
         default="auto",
@@ -259,10 +319,15 @@ class EngineSpec(ApiModel):
             "min(maxNumSeqs, 16). docs/sizing.md has the arithmetic."
         ),
     )
-    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
+    # The bounds keep the CEL rule over every argument within the API server's cost budget.
+    extra_args: list[ExtraArg] = Field(
         default_factory=list,
-        max_length=64,
-        description="More `vllm serve` arguments, appended after the ones the operator sets.",
+        max_length=32,
+        description=(
+            "More `vllm serve` arguments, appended after the ones the operator sets: long flags "
+            "(`--name`, `--name=value`) and values; a value starting with `-` goes as "
+            "`--name=value`. Passed as arguments, never through a shell."
+        ),
     )
     env: list[EnvVar] = Field(
         default_factory=list,
@@ -277,8 +342,15 @@ class EngineSpec(ApiModel):
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the SpeculativeDeployment's namespace."""
 
-    name: str = Field(min_length=1, description="Secret name.")
-    key: str = Field(min_length=1, description="Key within the Secret.")
+    name: str = Field(
+        min_length=1, max_length=253, pattern=SUBDOMAIN_PATTERN, description="Secret name."
+    )
+    key: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=SECRET_KEY_PATTERN,
+        description="Key within the Secret.",
+    )
 
 
 class HubSource(ApiModel):
@@ -292,9 +364,16 @@ class HubSource(ApiModel):
 class PvcSource(ApiModel):
     """Models are read from a PersistentVolumeClaim."""
 
-    claim_name: str = Field(min_length=1, description="PersistentVolumeClaim name.")
+    claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=SUBDOMAIN_PATTERN,
+        description="PersistentVolumeClaim name.",
+    )
     path: str = Field(
         default="",
+        max_length=512,
+        pattern=RELATIVE_PATH_PATTERN,
         description=(
             "Directory inside the claim holding the models; target.model and draft.model "
             "are paths relative to it."
@@ -312,9 +391,16 @@ class ModelSource(ApiModel):
 class Toleration(ApiModel):
     """A pod toleration, as in core/v1."""
 
-    key: str | None = Field(default=None, description="Taint key; empty matches all keys.")
+    key: str | None = Field(
+        default=None,
+        max_length=317,
+        pattern=LABEL_KEY_PATTERN,
+        description="Taint key; empty matches all keys (with operator Exists).",
+    )
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Operator.")
-    value: str | None = Field(default=None, description="Taint value.")
+    value: str | None = Field(
+        default=None, max_length=63, pattern=LABEL_VALUE_PATTERN, description="Taint value."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect; empty matches all effects."
     )
@@ -328,6 +414,8 @@ class GpuPlacement(ApiModel):
 
     product: str | None = Field(
         default=None,
+        max_length=63,
+        pattern=LABEL_VALUE_PATTERN,
         description="Preferred GPU product (node label nvidia.com/gpu.product), e.g. "
         "NVIDIA-H100-80GB-HBM3.",
     )
@@ -361,10 +449,15 @@ class PlacementSpec(ApiModel):
     """Where and with which priority the pods run."""
 
     queue: str | None = Field(
-        default=None, description="Kueue LocalQueue name (label kueue.x-k8s.io/queue-name)."
+        default=None,
+        max_length=63,
+        pattern=LABEL_NAME_PATTERN,
+        description="Kueue LocalQueue name (label kueue.x-k8s.io/queue-name).",
     )
     priority_class: str | None = Field(
         default=None,
+        max_length=63,
+        pattern=LABEL_NAME_PATTERN,
         description="Kueue WorkloadPriorityClass (label kueue.x-k8s.io/priority-class).",
     )
     device: Device = Field(
@@ -376,8 +469,8 @@ class PlacementSpec(ApiModel):
         ),
     )
     gpu: GpuPlacement | None = Field(default=None, description="GPU product and MIG policy.")
-    node_selector: dict[str, str] | None = Field(
-        default=None, description="Extra node labels the pods require."
+    node_selector: dict[LabelKey, LabelValue] | None = Field(
+        default=None, max_length=32, description="Extra node labels the pods require."
     )
     tolerations: list[Toleration] | None = Field(
         default=None, max_length=32, description="Tolerations for the pods."
