@@ -11,10 +11,11 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError, ResourceNotFoundError
 
@@ -26,7 +27,43 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 KUEUE_GROUP = "kueue.x-k8s.io"
 POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
 
+#: What the API server answers a write it will refuse again however often it is sent: a body
+#: it cannot read (400) or an object that fails validation or admission (422).
+REFUSED_FOR_GOOD = frozenset({400, 422})
+
 log = logging.getLogger("specdeploy.kube")
+
+
+class WriteRefusedError(Exception):
+    """The API server refused a child write for good (400 or 422): retrying cannot help."""
+
+    def __init__(self, code: int, kind: str, name: str, message: str) -> None:
+        super().__init__(f"{kind} {name}: {code}: {message}")
+        self.code = code
+        self.kind = kind
+        self.name = name
+        self.message = message
+
+
+def _api_message(error: ApiException) -> str:
+    """The API server's own message (its Status object's), else the HTTP reason."""
+    try:
+        status = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        status = None
+    message = status.get("message") if isinstance(status, dict) else None
+    return message if isinstance(message, str) else str(error.reason or "")
+
+
+@contextlib.contextmanager
+def _refusals(kind: str, name: str) -> Iterator[None]:
+    """Turns a 400/422 answer to a write into WriteRefusedError; other errors pass unchanged."""
+    try:
+        yield
+    except ApiException as error:
+        if error.status in REFUSED_FOR_GOOD:
+            raise WriteRefusedError(int(error.status), kind, name, _api_message(error)) from error
+        raise
 
 
 class KubeAdapter:
@@ -165,26 +202,30 @@ class KubeAdapter:
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
         """Server-side applies `manifest` as field manager `specdeploy`, taking over any field
-        another manager changed (plan.drift decides whether a write is needed at all)."""
+        another manager changed (plan.drift decides whether a write is needed at all).
+        WriteRefusedError when the API server refuses it for good (400/422)."""
         body = json.loads(json.dumps(manifest))
         resource = self._resource(body["apiVersion"], body["kind"])
-        resource.server_side_apply(
-            body=body,
-            name=body["metadata"]["name"],
-            namespace=body["metadata"].get("namespace"),
-            field_manager=FIELD_MANAGER,
-            force_conflicts=True,
-        )
+        with _refusals(body["kind"], body["metadata"]["name"]):
+            resource.server_side_apply(
+                body=body,
+                name=body["metadata"]["name"],
+                namespace=body["metadata"].get("namespace"),
+                field_manager=FIELD_MANAGER,
+                force_conflicts=True,
+            )
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
-        """Creates `manifest`; False when an object of that name is already there (409)."""
+        """Creates `manifest`; False when an object of that name is already there (409);
+        WriteRefusedError when the API server refuses it for good (400/422)."""
         resource = self._resource(manifest["apiVersion"], manifest["kind"])
         try:
-            resource.create(
-                body=dict(manifest),
-                namespace=manifest["metadata"].get("namespace"),
-                field_manager=FIELD_MANAGER,
-            )
+            with _refusals(manifest["kind"], manifest["metadata"]["name"]):
+                resource.create(
+                    body=dict(manifest),
+                    namespace=manifest["metadata"].get("namespace"),
+                    field_manager=FIELD_MANAGER,
+                )
         except ConflictError:
             return False
         return True
@@ -201,9 +242,10 @@ class KubeAdapter:
 
     def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
         """Sets a Deployment's replicas through its scale subresource."""
-        client.AppsV1Api(self.api_client).patch_namespaced_deployment_scale(
-            name, namespace, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER
-        )
+        with _refusals("Deployment", name):
+            client.AppsV1Api(self.api_client).patch_namespaced_deployment_scale(
+                name, namespace, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER
+            )
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Deletes an object (dependents in the background); gone already is fine."""

@@ -65,6 +65,8 @@ class Reason:
     NO_DRAFT: Final = "NoDraft"
     # Children changed out of band and set back
     DRIFT_REVERTED: Final = "DriftReverted"
+    # A child write the API server refused (400/422): stopped until the spec changes
+    CHILD_REJECTED: Final = "ChildRejected"
     # Generic
     RECONCILE_ERROR: Final = "ReconcileError"
     INVALID_SPEC: Final = "InvalidSpec"

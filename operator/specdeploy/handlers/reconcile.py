@@ -16,17 +16,19 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from specdeploy.adapters.kube import KubeAdapter
+from specdeploy.adapters.kube import KubeAdapter, WriteRefusedError
 from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.adapters.model_config import ModelShapes
 from specdeploy.adapters.prometheus import PrometheusReader
 from specdeploy.api import labels
+from specdeploy.api.conditions import Reason
 from specdeploy.api.config import OperatorConfig
-from specdeploy.api.models import SpeculativeDeployment
-from specdeploy.plan.analysis import Measurement
+from specdeploy.api.models import SpeculativeDeployment, SpeculativeDeploymentStatus
+from specdeploy.plan.analysis import RFC3339, Measurement
 from specdeploy.plan.children import RECORD_API_VERSION, RECORD_KIND
 from specdeploy.plan.decide import Decision, Snapshot, decide, watches_acceptance
 from specdeploy.plan.gpu_catalog import catalog_for_config
+from specdeploy.plan.refusal import RefusedWrite, refusal_status, refused_generation
 from specdeploy.plan.rollout import read_revision_deployment
 from specdeploy.plan.sizing import models_needing_shapes
 from specdeploy.plan.speculation import decide_speculation, served_spec
@@ -77,11 +79,22 @@ class Reconciler:
             body = self.kube.get_speculative_deployment(namespace, name)
             if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
                 return
+            status = _status_of(body)
+            generation = (body.get("metadata") or {}).get("generation")
+            if refused_generation(status, generation) is not None:
+                # A child write of this generation was refused for good: nothing is sent until
+                # the spec changes (plan.refusal).
+                log.debug("%s/%s: generation %s refused; not retried", namespace, name, generation)
+                return
             writes = self.kube.write_requests
             with self.metrics.reconcile_seconds.time():
                 try:
                     decision = decide(self.observe(body), self.config, self.catalog, self.clock())
                     self.apply(body, decision)
+                except WriteRefusedError as error:
+                    self.metrics.reconciles.labels("error").inc()
+                    self.record_refusal(body, status, generation, error)
+                    return
                 except Exception:
                     self.metrics.reconciles.labels("error").inc()
                     raise
@@ -94,6 +107,25 @@ class Reconciler:
                 name,
                 self.kube.write_requests - writes,
             )
+
+    def record_refusal(
+        self,
+        body: Mapping[str, Any],
+        status: SpeculativeDeploymentStatus | None,
+        generation: int | None,
+        error: WriteRefusedError,
+    ) -> None:
+        """Writes the refusal into status (Ready False, ChildRejected) and posts a Warning."""
+        metadata = body.get("metadata") or {}
+        refused = RefusedWrite(error.code, error.kind, error.name, error.message)
+        now = self.clock().strftime(RFC3339)
+        log.warning("%s/%s: %s", metadata.get("namespace"), metadata.get("name"), refused.summary)
+        self.kube.patch_status(
+            metadata.get("namespace", ""),
+            metadata.get("name", ""),
+            refusal_status(status, generation, refused, now),
+        )
+        self.post_event(body, "Warning", Reason.CHILD_REJECTED, refused.summary)
 
     def observe(self, body: Mapping[str, Any]) -> Snapshot:
         """One read of everything the decision depends on."""
@@ -195,6 +227,11 @@ class Reconciler:
             )
         if decision.shape_unknown:
             log.warning("%s/%s: %s", namespace, name, decision.shape_unknown)
+
+
+def _status_of(body: Mapping[str, Any]) -> SpeculativeDeploymentStatus | None:
+    raw = body.get("status")
+    return SpeculativeDeploymentStatus.model_validate(raw) if isinstance(raw, Mapping) else None
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
