@@ -48,6 +48,7 @@ class Reason:
     PAIR_UNVERIFIED: Final = "PairUnverified"
     PAIR_INCOMPATIBLE: Final = "PairIncompatible"
     MODEL_NOT_FOUND: Final = "ModelNotFound"
+    ARGUMENTS_REFUSED: Final = "ArgumentsRefused"
     # Admitted (Kueue)
     ADMITTED: Final = "Admitted"
     WAITING_FOR_QUOTA: Final = "WaitingForQuota"

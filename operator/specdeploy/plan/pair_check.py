@@ -12,6 +12,9 @@ the pod's container status (`state.terminated` and, after a restart, `lastState.
   keeps serving. Status remembers the refusal once the pods are gone; only a spec naming
   another pair (another revision) moves on, and a revision that is not the desired one is at
   zero replicas anyway.
+- Exit 2 (`EXIT_USAGE`: the vLLM arguments are unusable, said by the launcher or by vLLM's own
+  argument parser, which exits 2 too) is permanent as well: the arguments come from the spec and
+  a restart gets the same ones. It is handled as exit 3, with reason `ArgumentsRefused`.
 - Exit 4 may heal (a volume filled later, the hub reachable again): the revision keeps its pods
   and Kubernetes' back-off; `PairCompatible` is Unknown with reason `ModelNotFound` and the
   launcher's line, with a Warning Event.
@@ -26,12 +29,20 @@ from typing import Any
 
 from specdeploy.api import labels
 from specdeploy.api.conditions import ConditionType, Reason, RevisionPhase
-from specdeploy.api.contract import EXIT_MODEL_UNAVAILABLE, EXIT_PAIR_INCOMPATIBLE
+from specdeploy.api.contract import EXIT_MODEL_UNAVAILABLE, EXIT_PAIR_INCOMPATIBLE, EXIT_USAGE
 from specdeploy.api.models import Condition, SpeculativeDeploymentStatus
 from specdeploy.plan.conditions import ConditionUpdate
 from specdeploy.plan.rollout import RolloutEvent
 
 ENGINE_CONTAINER = "engine"
+#: The launcher's exits that a restart cannot change: the revision is stopped.
+PERMANENT_EXITS = frozenset({EXIT_USAGE, EXIT_PAIR_INCOMPATIBLE})
+LAUNCHER_EXITS = PERMANENT_EXITS | {EXIT_MODEL_UNAVAILABLE}
+#: The PairCompatible reasons of a permanent exit, by exit code.
+PERMANENT_REASONS = {
+    EXIT_PAIR_INCOMPATIBLE: Reason.PAIR_INCOMPATIBLE,
+    EXIT_USAGE: Reason.ARGUMENTS_REFUSED,
+}
 
 
 @dataclass(frozen=True)
@@ -45,10 +56,13 @@ class LauncherExit:
     restarts: int = 0
 
     @property
+    def permanent(self) -> bool:
+        """Whether a restart gets the same answer (exit 2 or 3): the revision is stopped."""
+        return self.exit_code in PERMANENT_EXITS
+
+    @property
     def reason(self) -> str:
-        if self.exit_code == EXIT_PAIR_INCOMPATIBLE:
-            return Reason.PAIR_INCOMPATIBLE
-        return Reason.MODEL_NOT_FOUND
+        return PERMANENT_REASONS.get(self.exit_code, Reason.MODEL_NOT_FOUND)
 
 
 def _terminations(status: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
@@ -59,7 +73,7 @@ def _terminations(status: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
 
 
 def shows_launcher_exit(pod: Mapping[str, Any]) -> bool:
-    """Whether this pod's engine container ended with the launcher's exit 3 or 4."""
+    """Whether this pod's engine container ended with the launcher's exit 2, 3 or 4."""
     return bool(read_launcher_exits([pod]))
 
 
@@ -67,9 +81,10 @@ def read_launcher_exits(pods: Sequence[Mapping[str, Any]]) -> dict[str, Launcher
     """The launcher's refusals (exit 3) and missing models (exit 4) per revision, from pods.
 
     A pod's engine container counts when its current or last termination has one of those exit
-    codes. Per revision an exit 3 wins over an exit 4, since it is the one that stops the
-    revision. Pods without the revision label, and other exit codes (a crash of vLLM itself,
-    a kill), are not the launcher's verdict and are ignored.
+    codes (or exit 2, unusable arguments). Per revision a permanent exit (2 or 3) wins over an
+    exit 4, since it is the one that stops the revision. Pods without the revision label, and
+    other exit codes (a crash of vLLM itself, a kill), are not the launcher's verdict and are
+    ignored.
     """
     found: dict[str, LauncherExit] = {}
     for pod in pods:
@@ -83,20 +98,21 @@ def read_launcher_exits(pods: Sequence[Mapping[str, Any]]) -> dict[str, Launcher
                 continue
             for terminated in _terminations(status):
                 code = terminated.get("exitCode")
-                if code not in (EXIT_PAIR_INCOMPATIBLE, EXIT_MODEL_UNAVAILABLE):
+                if code not in LAUNCHER_EXITS:
                     continue
+                message = str(terminated.get("message") or "").strip()
+                if not message and code == EXIT_USAGE:
+                    # vLLM's own argument parser exits 2 without a termination message.
+                    message = "the engine exited 2: its vLLM arguments are unusable"
                 seen = LauncherExit(
                     revision=str(revision),
                     exit_code=int(code),
-                    message=str(terminated.get("message") or "").strip(),
+                    message=message,
                     pod=str(metadata.get("name", "")),
                     restarts=int(status.get("restartCount") or 0),
                 )
                 before = found.get(seen.revision)
-                if before is None or (
-                    before.exit_code != EXIT_PAIR_INCOMPATIBLE
-                    and seen.exit_code == EXIT_PAIR_INCOMPATIBLE
-                ):
+                if before is None or (not before.permanent and seen.permanent):
                     found[seen.revision] = seen
     return found
 
@@ -127,7 +143,7 @@ def _remembered_refusal(
     """
     if status is None or current is None:
         return False
-    if (current.status, current.reason) != ("False", Reason.PAIR_INCOMPATIBLE):
+    if current.status != "False" or current.reason not in PERMANENT_REASONS.values():
         return False
     return any(
         r.revision == desired_revision and r.phase == RevisionPhase.FAILED for r in status.revisions
@@ -154,7 +170,7 @@ def judge_pair(
     Failed revisions stay refused after their pods are gone.
     """
     exits = read_launcher_exits(pods)
-    refused = {r for r, e in exits.items() if e.exit_code == EXIT_PAIR_INCOMPATIBLE}
+    refused = {r for r, e in exits.items() if e.permanent}
     current = _current_condition(status)
     if desired_revision and _remembered_refusal(desired_revision, status, current):
         refused.add(desired_revision)
@@ -174,16 +190,22 @@ def judge_pair(
                 "no revision runs: nothing was checked",
             )
     elif desired_revision in refused:
-        if problem is None or problem.exit_code != EXIT_PAIR_INCOMPATIBLE:
+        if problem is None or not problem.permanent:
             # Its pods are gone: keep the line the launcher wrote when it refused.
-            remembered = (
-                current.message
-                if current is not None and current.reason == Reason.PAIR_INCOMPATIBLE
-                else f"revision {desired_revision} was refused by the engine launcher"
-            )
-            problem = LauncherExit(desired_revision, EXIT_PAIR_INCOMPATIBLE, remembered, pod="")
+            codes = {reason: code for code, reason in PERMANENT_REASONS.items()}
+            if current is not None and current.reason in codes:
+                problem = LauncherExit(
+                    desired_revision, codes[current.reason], current.message, pod=""
+                )
+            else:
+                problem = LauncherExit(
+                    desired_revision,
+                    EXIT_PAIR_INCOMPATIBLE,
+                    f"revision {desired_revision} was refused by the engine launcher",
+                    pod="",
+                )
         update = ConditionUpdate(
-            ConditionType.PAIR_COMPATIBLE, "False", Reason.PAIR_INCOMPATIBLE, problem.message
+            ConditionType.PAIR_COMPATIBLE, "False", problem.reason, problem.message
         )
     elif problem is not None:
         update = ConditionUpdate(
@@ -209,10 +231,10 @@ def judge_pair(
 
     events: list[RolloutEvent] = []
     changed = current is None or (current.status, current.reason) != (update.status, update.reason)
-    if changed and update.reason in (Reason.PAIR_INCOMPATIBLE, Reason.MODEL_NOT_FOUND):
+    if changed and update.reason in (*PERMANENT_REASONS.values(), Reason.MODEL_NOT_FOUND):
         action = (
             "stopped (scaled to zero)"
-            if update.reason == Reason.PAIR_INCOMPATIBLE
+            if update.reason in PERMANENT_REASONS.values()
             else "kept under back-off until the model is there"
         )
         events.append(

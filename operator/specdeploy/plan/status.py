@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from specdeploy.api.conditions import ConditionType, Phase, Reason, RevisionPhase
-from specdeploy.api.contract import EXIT_PAIR_INCOMPATIBLE
 from specdeploy.api.models import (
     AnalysisStatus,
     RevisionDraft,
@@ -105,11 +104,13 @@ def _rollback_detail(seen: ObservedRollout) -> str:
 
 def _refused_desired(seen: ObservedRollout) -> bool:
     problem = seen.pair.desired_problem
-    return (
-        problem is not None
-        and problem.exit_code == EXIT_PAIR_INCOMPATIBLE
-        and seen.desired_revision is not None
-    )
+    return problem is not None and problem.permanent and seen.desired_revision is not None
+
+
+def _refusal_reason(seen: ObservedRollout) -> str:
+    """PairIncompatible (exit 3) or ArgumentsRefused (exit 2)."""
+    problem = seen.pair.desired_problem
+    return problem.reason if problem is not None else Reason.PAIR_INCOMPATIBLE
 
 
 def _refusal_detail(seen: ObservedRollout) -> str:
@@ -147,7 +148,7 @@ def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> Condition
         return ConditionUpdate(
             ConditionType.READY,
             "False",
-            Reason.PAIR_INCOMPATIBLE,
+            problem.reason,
             f"{_refusal_detail(seen)}: {problem.message}",
         )
     if problem is not None:
@@ -184,7 +185,7 @@ def _progressing_update(seen: ObservedRollout) -> ConditionUpdate:
         )
     if _refused_desired(seen):
         return ConditionUpdate(
-            ConditionType.PROGRESSING, "False", Reason.PAIR_INCOMPATIBLE, _refusal_detail(seen)
+            ConditionType.PROGRESSING, "False", _refusal_reason(seen), _refusal_detail(seen)
         )
     if seen.rolled_back:
         return ConditionUpdate(
@@ -346,7 +347,7 @@ def _degraded_update(seen: ObservedRollout) -> ConditionUpdate:
         )
     if _refused_desired(seen):
         return ConditionUpdate(
-            ConditionType.DEGRADED, "True", Reason.PAIR_INCOMPATIBLE, _refusal_detail(seen)
+            ConditionType.DEGRADED, "True", _refusal_reason(seen), _refusal_detail(seen)
         )
     return ConditionUpdate(ConditionType.DEGRADED, "False", Reason.HEALTHY, "")
 
