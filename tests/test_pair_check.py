@@ -222,7 +222,7 @@ def test_a_failed_mark_alone_does_not_stop_the_desired_revision() -> None:
     assert judge_pair("b", False, True, [], status).refused == frozenset()
 
 
-def test_a_pod_shows_a_launcher_exit_only_for_exit_3_or_4_of_its_engine() -> None:
+def test_a_pod_shows_a_launcher_exit_only_for_exit_2_3_or_4_of_its_engine() -> None:
     def pod(name: str, code: int) -> dict[str, Any]:
         return {
             "metadata": {"name": "p", "labels": {"specdeploy.dev/revision": "abc"}},
@@ -238,3 +238,56 @@ def test_a_pod_shows_a_launcher_exit_only_for_exit_3_or_4_of_its_engine() -> Non
     assert not shows_launcher_exit(pod("engine", 137))
     assert not shows_launcher_exit(pod("sidecar", 3))
     assert not shows_launcher_exit({"metadata": {"name": "p"}, "status": {}})
+    assert shows_launcher_exit(pod("engine", 2))
+
+
+USAGE_LINE = "--speculative-config is not JSON: Expecting value: line 1 column 1 (char 0)"
+
+
+def test_exit_2_stops_the_revision_with_reason_arguments_refused() -> None:
+    verdict = judge_pair("b", False, True, [pod("b", state=terminated(2, USAGE_LINE))], None)
+    assert verdict.refused == {"b"}
+    assert (verdict.condition.status, verdict.condition.reason) == ("False", "ArgumentsRefused")
+    assert verdict.condition.message == USAGE_LINE
+    assert [(e.reason, e.warning) for e in verdict.events] == [("ArgumentsRefused", True)]
+    assert "stopped (scaled to zero)" in verdict.events[0].message
+    # vLLM's own argument parser exits 2 too, with no termination message.
+    bare = read_launcher_exits([pod("b", last=terminated(2), restarts=1)])
+    assert bare["b"].permanent
+    assert "exited 2" in bare["b"].message
+    # An exit 2 wins over an exit 4 like an exit 3 does.
+    both = read_launcher_exits(
+        [pod("b", state=terminated(4, "no model")), pod("b", state=terminated(2, USAGE_LINE))]
+    )
+    assert both["b"].exit_code == 2
+
+
+def test_a_revision_refused_for_its_arguments_stays_stopped_when_reapplied() -> None:
+    pair = {"target": {"model": "/m/target"}, "draft": {"method": "eagle3"}}
+    serving = RevisionDeployment("sd-a", "a", 1, 1, "t0", pair=pair, pods=1)
+    trying = RevisionDeployment("sd-b", "b", 1, 0, "t1", pair=pair, pods=1)
+    status, replicas, _ = _one_pass(
+        _sd({"stableRevision": "a", "conditions": []}),
+        [serving, trying],
+        [pod("b", state=terminated(2, USAGE_LINE))],
+        "t2",
+    )
+    assert replicas == {"a": 1, "b": 0}
+    conditions = {c["type"]: c for c in status["conditions"]}
+    for type_ in ("PairCompatible", "Ready", "Progressing", "Degraded"):
+        assert conditions[type_]["reason"] == "ArgumentsRefused", type_
+    assert USAGE_LINE in conditions["Ready"]["message"]
+    assert {r["revision"]: r["phase"] for r in status["revisions"]} == {
+        "a": "Stable",
+        "b": "Failed",
+    }
+
+    # The same pair applied again is the same revision: its pods are gone, status remembers,
+    # and it is not started again (no replicas, no new Event).
+    stopped = RevisionDeployment("sd-b", "b", 0, 0, "t1", pair=pair, pods=0)
+    again, replicas, verdict = _one_pass(_sd({**status}), [serving, stopped], [], "t3")
+    assert replicas == {"a": 1, "b": 0}
+    assert verdict.events == ()
+    assert verdict.condition.reason == "ArgumentsRefused"
+    assert verdict.condition.message == USAGE_LINE
+    assert again == {**status, "replicas": 1}
