@@ -36,6 +36,8 @@ from chart_harness import (
 from engine_cluster import OperatorProcess, apply_crds, condition, get_sd
 from sd_bodies import llama_8b
 from testbed import (
+    RESTRICTED_CONTAINER_SECURITY,
+    RESTRICTED_POD_SECURITY,
     ClusterEnv,
     Kubectl,
     KubectlError,
@@ -210,7 +212,16 @@ def legacy_revision(namespace: str, sd: str, sd_uid: str) -> dict[str, Any]:
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "engine", "image": "specdeploy/engine:old"}]},
+                "spec": {
+                    "securityContext": RESTRICTED_POD_SECURITY,
+                    "containers": [
+                        {
+                            "name": "engine",
+                            "image": "specdeploy/engine:old",
+                            "securityContext": RESTRICTED_CONTAINER_SECURITY,
+                        }
+                    ],
+                },
             },
         },
     }

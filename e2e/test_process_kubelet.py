@@ -14,7 +14,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from testbed import ClusterEnv, Kubectl, eventually
+from testbed import (
+    RESTRICTED_CONTAINER_SECURITY,
+    RESTRICTED_POD_SECURITY,
+    ClusterEnv,
+    Kubectl,
+    eventually,
+)
 from testbed.process_children import read_identity
 from testbed.prometheus_operator import served_pod_monitor_crd
 from testbed.sample_server import SAMPLE_SERVER as SERVER
@@ -74,7 +80,14 @@ def local_pod(
         "spec": {
             "tolerations": [{"operator": "Exists"}],
             "terminationGracePeriodSeconds": 5,
-            "containers": [{"image": "specdeploy.dev/not-pulled:local", **container}],
+            "securityContext": RESTRICTED_POD_SECURITY,
+            "containers": [
+                {
+                    "image": "specdeploy.dev/not-pulled:local",
+                    "securityContext": RESTRICTED_CONTAINER_SECURITY,
+                    **container,
+                }
+            ],
             **spec,
         },
     }

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed import Kubectl, eventually
+from testbed import RESTRICTED_CONTAINER_SECURITY, RESTRICTED_POD_SECURITY, Kubectl, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -125,16 +125,18 @@ def _gpu_deployment(name: str, gpus: int) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
+                    "securityContext": RESTRICTED_POD_SECURITY,
                     "containers": [
                         {
                             "name": "engine",
                             "image": "registry.invalid/engine:test",
+                            "securityContext": RESTRICTED_CONTAINER_SECURITY,
                             "resources": {
                                 "requests": {"cpu": "4", "memory": "16Gi"},
                                 "limits": {"nvidia.com/gpu": str(gpus)},
                             },
                         }
-                    ]
+                    ],
                 },
             },
         },

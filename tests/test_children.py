@@ -11,6 +11,7 @@ from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import MemoryBreakdown, SizingDecision, SpeculativeDeployment
 from specdeploy.plan.children import (
     build_pod_monitor,
+    build_pod_template,
     build_revision_deployment,
     build_service,
     pod_selector,
@@ -350,3 +351,15 @@ def test_cpu_serving_uses_the_cpu_image_and_host_memory_and_no_gpu() -> None:
     # The default budget, 16 x 8192 tokens x 132 KiB (target + head) = 16.5 GiB, in whole GiB.
     assert _env_of(pod)["VLLM_CPU_KVCACHE_SPACE"] == "17"
     assert sizing.host_memory == "36Gi"  # 14.96 + 0.78 + 17 + 3 = 35.7
+
+
+def test_the_engine_pod_passes_pod_security_restricted(sd: SpeculativeDeployment) -> None:
+    """The fields Pod Security "restricted" checks (the e2e namespaces enforce it for real)."""
+    template = build_pod_template(sd, "abc", None, OperatorConfig())
+    pod = template["spec"]["securityContext"]
+    assert pod["runAsNonRoot"] is True
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in template["spec"]["containers"]:
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"] == {"drop": ["ALL"]}

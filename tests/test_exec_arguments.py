@@ -22,9 +22,11 @@ from hypothesis import strategies as st
 
 from admission import admission_errors, crd_schema
 from schema_strategies import value_strategy
+from specdeploy.api.config import OperatorConfig
 from specdeploy.api.crd import REFUSED_EXTRA_FLAGS, refused_flags_regex
-from specdeploy.api.models import SpeculativeDeploymentSpec
+from specdeploy.api.models import SpeculativeDeployment, SpeculativeDeploymentSpec
 from specdeploy.engine import launcher
+from specdeploy.plan.children import build_pod_template
 from specdeploy.plan.vllm_args import build_vllm_args
 from test_engine_launcher import model_dir
 
@@ -64,13 +66,10 @@ def test_a_value_with_shell_metacharacters_is_admitted() -> None:
 
 
 def test_the_pod_runs_an_exec_command_not_a_shell() -> None:
-    from specdeploy.api.config import OperatorConfig  # noqa: PLC0415
-    from specdeploy.api.models import SpeculativeDeployment  # noqa: PLC0415
-    from specdeploy.plan.children import build_pod_template  # noqa: PLC0415
-
     body = sd(ngram_spec("org/target", [HOSTILE]))
     body["metadata"]["uid"] = "u"
-    template = build_pod_template(SpeculativeDeployment.from_body(body), "abc", None, OperatorConfig())
+    sd_model = SpeculativeDeployment.from_body(body)
+    template = build_pod_template(sd_model, "abc", None, OperatorConfig())
     (container,) = template["spec"]["containers"]
     assert container["command"] == ["specdeploy-engine"]
     assert container["args"][:2] == ["serve", "--"]

@@ -3,7 +3,10 @@ run as local processes (see docs/testbed.md)."""
 
 from testbed.cluster import (
     LOCAL_PROCESS_ANNOTATION,
+    POD_SECURITY_LABELS,
     QUEUE_NAMES,
+    RESTRICTED_CONTAINER_SECURITY,
+    RESTRICTED_POD_SECURITY,
     ClusterEnv,
     audit_log,
     create_namespace_with_queues,
@@ -17,7 +20,10 @@ from testbed.polling import eventually
 
 __all__ = [
     "LOCAL_PROCESS_ANNOTATION",
+    "POD_SECURITY_LABELS",
     "QUEUE_NAMES",
+    "RESTRICTED_CONTAINER_SECURITY",
+    "RESTRICTED_POD_SECURITY",
     "ClusterEnv",
     "Kubectl",
     "KubectlError",

@@ -727,11 +727,34 @@ def local_queue_objects(namespace: str) -> list[dict[str, Any]]:
     ]
 
 
+#: Pod Security "restricted", enforced on every namespace the e2e tests create: the operator's
+#: and the engine's pods must pass it (docs/testbed.md).
+POD_SECURITY_LABELS = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+#: What a test's own pods carry to pass "restricted".
+RESTRICTED_POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
 def create_namespace_with_queues(kubectl: Kubectl, namespace: str, timeout: float = 60.0) -> None:
-    """Create ``namespace`` with both LocalQueues; returns once pods can be created in it."""
+    """Create ``namespace`` (Pod Security "restricted" enforced) with both LocalQueues; returns
+    once pods can be created in it."""
     kubectl.apply(
         [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": namespace, "labels": dict(POD_SECURITY_LABELS)},
+            },
             *local_queue_objects(namespace),
         ]
     )

@@ -31,6 +31,19 @@ MODEL_CACHE_VOLUME = "model-cache"
 # The hub cache inside the engine container: HF_HOME, with the downloads under hub/.
 MODEL_CACHE_PATH = "/var/cache/specdeploy/huggingface"
 CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+#: Pod Security "restricted" (docs/contracts.md): the engine images run as a non-root user
+#: (1001), the container gains no privilege and keeps no capability, under the runtime's default
+#: seccomp profile.
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def deployment_name(sd_name: str, revision: str) -> str:
@@ -202,6 +215,7 @@ def build_pod_template(
         },
         "resources": _resources(spec, sizing),
         "terminationMessagePath": "/dev/termination-log",
+        "securityContext": json.loads(json.dumps(CONTAINER_SECURITY_CONTEXT)),
     }
     if mounts:
         container["volumeMounts"] = mounts
@@ -209,7 +223,10 @@ def build_pod_template(
         **(sizing.node_selector if sizing else {}),
         **(spec.placement.node_selector or {}),
     }
-    pod_spec: dict[str, Any] = {"containers": [container]}
+    pod_spec: dict[str, Any] = {
+        "securityContext": json.loads(json.dumps(POD_SECURITY_CONTEXT)),
+        "containers": [container],
+    }
     if node_selector:
         pod_spec["nodeSelector"] = dict(sorted(node_selector.items()))
     if spec.placement.tolerations:
