@@ -422,3 +422,92 @@ def run_through_every_call(kubectl: Kubectl, namespace: str, operator: OperatorP
     )
     events = kubectl.get_json("events", "-n", namespace)["items"]
     assert any(e.get("reason") == "RolloutComplete" for e in events), json.dumps(events)[:2000]
+
+
+#: (verb, resource, namespace key, allowed): what the chart's ServiceAccount may and may not do.
+#: Namespace keys: "watched" (a namespace the SDs live in), "release" (the chart's own), "other"
+#: (a namespace nobody configured), "" (cluster scope).
+CAN_I_MATRIX: tuple[tuple[str, str, str, bool], ...] = (
+    # What the operator needs, in the SDs' namespace.
+    ("get", "speculativedeployments.specdeploy.dev", "watched", True),
+    ("patch", "speculativedeployments.specdeploy.dev/status", "watched", True),
+    ("patch", "deployments.apps", "watched", True),
+    ("patch", "deployments.apps/scale", "watched", True),
+    ("create", "controllerrevisions.apps", "watched", True),
+    ("list", "pods", "watched", True),
+    ("create", "events", "watched", True),
+    ("get", "secrets", "watched", True),
+    ("list", "nodes", "", True),
+    # Secrets: one get in the SDs' namespaces, nothing more, nowhere else.
+    ("list", "secrets", "watched", False),
+    ("watch", "secrets", "watched", False),
+    ("create", "secrets", "watched", False),
+    ("get", "secrets", "release", False),
+    ("get", "secrets", "other", False),
+    ("get", "secrets", "kube-system", False),
+    # Workloads outside the SDs' namespaces, and pods themselves.
+    ("patch", "deployments.apps", "other", False),
+    ("create", "pods", "watched", False),
+    ("delete", "pods", "watched", False),
+    ("create", "pods/exec", "watched", False),
+    ("get", "configmaps", "kube-system", False),
+    ("update", "speculativedeployments.specdeploy.dev", "watched", False),
+    ("delete", "speculativedeployments.specdeploy.dev", "watched", False),
+    # Widening its own access, or anyone's.
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", "", False),
+    ("create", "rolebindings.rbac.authorization.k8s.io", "watched", False),
+    ("escalate", "roles.rbac.authorization.k8s.io", "watched", False),
+    ("bind", "clusterroles.rbac.authorization.k8s.io", "", False),
+    ("impersonate", "serviceaccounts", "watched", False),
+    ("create", "serviceaccounts/token", "release", False),
+    ("update", "nodes", "", False),
+    ("delete", "namespaces", "", False),
+    ("patch", "customresourcedefinitions.apiextensions.k8s.io", "", False),
+    ("create", "validatingadmissionpolicies.admissionregistration.k8s.io", "", False),
+)
+
+
+def can_i(kubectl: Kubectl, user: str, verb: str, resource: str, namespace: str) -> bool:
+    scope = ["-n", namespace] if namespace else []
+    done = kubectl.run("auth", "can-i", verb, resource, *scope, f"--as={user}", check=False)
+    answer = done.stdout.strip()
+    assert answer in ("yes", "no"), done.stdout + done.stderr
+    return answer == "yes"
+
+
+def test_the_charts_service_account_may_do_what_it_needs_and_nothing_else(
+    helm: Helm, kubectl: Kubectl, namespace: str, release: str
+) -> None:
+    watched = f"{namespace}-sds"[:63]
+    other = f"{namespace}-other"[:63]
+    for extra in (watched, other):
+        create_namespace_with_queues(kubectl, extra)
+    try:
+        install(helm, release, namespace, *set_values({"config": {"namespaces": [watched]}}))
+        user = f"system:serviceaccount:{namespace}:{release}-specdeploy"
+        places = {"watched": watched, "release": namespace, "other": other, "": ""}
+        wrong = [
+            f"{verb} {resource} in {places.get(where, where) or 'the cluster'}: "
+            f"{'no' if allowed else 'yes'}, expected {'yes' if allowed else 'no'}"
+            for verb, resource, where, allowed in CAN_I_MATRIX
+            if can_i(kubectl, user, verb, resource, places.get(where, where)) != allowed
+        ]
+        assert not wrong, "\n".join(wrong)
+
+        # Watching every namespace, rbac.secretNamespaces confines Secrets to those listed.
+        helm.run(
+            "upgrade",
+            release,
+            str(CHART),
+            "-n",
+            namespace,
+            *set_values({"config": {"namespaces": []}, "rbac": {"secretNamespaces": [watched]}}),
+        )
+        assert can_i(kubectl, user, "patch", "deployments.apps", other)
+        assert can_i(kubectl, user, "get", "secrets", watched)
+        assert not can_i(kubectl, user, "get", "secrets", other)
+        assert not can_i(kubectl, user, "get", "secrets", namespace)
+        assert not can_i(kubectl, user, "list", "secrets", watched)
+    finally:
+        for extra in (watched, other):
+            kubectl.run("delete", "namespace", extra, "--wait=false", check=False)

@@ -1,4 +1,6 @@
-{{/* The operator's rules in the namespaces it watches (a Role there, or a ClusterRole). */}}
+{{/* The operator's rules in the namespaces it watches (a Role there, or a ClusterRole). Called
+with a dict: `secrets` false leaves out the Secret rule (rbac.secretNamespaces grants it in
+Roles instead). */}}
 {{- define "specdeploy.namespacedRules" -}}
 # The SDs: kopf lists and watches them and patches its finalizer and annotations; the
 # reconcile reads one (get) and merge-patches its status.
@@ -29,10 +31,9 @@
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
-# The hub token a SpeculativeDeployment names (spec.modelSource.hub.tokenSecretRef).
-- apiGroups: [""]
-  resources: [secrets]
-  verbs: [get]
+{{- if .secrets }}
+{{ include "specdeploy.secretRules" . }}
+{{- end }}
 # Events kopf posts about each SD.
 - apiGroups: [""]
   resources: [events]
@@ -47,5 +48,12 @@
   verbs: [list]
 - apiGroups: [kueue.x-k8s.io]
   resources: [localqueues]
+  verbs: [get]
+{{- end }}
+
+{{- define "specdeploy.secretRules" -}}
+# The hub token a SpeculativeDeployment names (spec.modelSource.hub.tokenSecretRef): one get.
+- apiGroups: [""]
+  resources: [secrets]
   verbs: [get]
 {{- end }}

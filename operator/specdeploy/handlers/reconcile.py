@@ -14,7 +14,10 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from http import HTTPStatus
 from typing import Any
+
+from kubernetes.client.exceptions import ApiException
 
 from specdeploy.adapters.kube import KubeAdapter, WriteRefusedError
 from specdeploy.adapters.metrics import OperatorMetrics
@@ -200,7 +203,19 @@ class Reconciler:
         if source is None or source.hub is None or source.hub.token_secret_ref is None:
             return None
         ref = source.hub.token_secret_ref
-        secret = self.kube.get("v1", "Secret", sd.metadata.namespace or "", ref.name)
+        try:
+            secret = self.kube.get("v1", "Secret", sd.metadata.namespace or "", ref.name)
+        except ApiException as error:
+            if error.status != HTTPStatus.FORBIDDEN:
+                raise
+            # The chart may grant Secrets in some namespaces only (rbac.secretNamespaces).
+            log.warning(
+                "%s/%s: may not read Secret %s; sizing without the hub token",
+                sd.metadata.namespace,
+                sd.metadata.name,
+                ref.name,
+            )
+            return None
         data = (secret or {}).get("data") or {}
         return base64.b64decode(data[ref.key]).decode() if ref.key in data else None
 
