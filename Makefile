@@ -25,11 +25,15 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed ## Create the project virtualenv
 
 .PHONY: lint
-lint: venv ## ruff, mypy --strict, and docs/crd-reference.md current
+lint: venv chart-scan ## ruff, mypy --strict, docs/crd-reference.md current, and the chart's manifest scan
 	$(VENV)/bin/ruff check operator tests e2e hack
 	$(VENV)/bin/ruff format --check operator tests e2e hack
 	$(VENV)/bin/mypy
 	$(PY) hack/crd_reference.py --check
+
+.PHONY: chart-scan
+chart-scan: tools ## Scan the rendered chart with checkov (.checkov.yaml says what is skipped and why)
+	bash hack/scan-chart.sh
 
 .PHONY: fmt
 fmt: venv ## Format the code
