@@ -112,3 +112,30 @@ def test_other_api_errors_stay_retriable(code: int) -> None:
     with pytest.raises(ApiException) as raised, _refusals("Deployment", "chat-x"):
         raise ApiException(status=code, reason="x")
     assert not isinstance(raised.value, WriteRefusedError)
+
+
+class SecretlessKube(FakeKube):
+    """Refuses every Secret read (403), as RBAC does outside rbac.secretNamespaces."""
+
+    def __init__(self) -> None:
+        super().__init__(NODES)
+        self.secret_reads = 0
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
+        if kind == "Secret":
+            self.secret_reads += 1
+            raise ApiException(status=403, reason="Forbidden")
+        return super().get(api_version, kind, namespace, name)
+
+
+def test_a_secret_the_operator_may_not_read_leaves_it_sizing_without_the_token() -> None:
+    kube = SecretlessKube()
+    body = sd_body()
+    body["spec"]["pair"]["target"] = {"model": "example-org/unlisted-8b", "revision": "r"}
+    body["spec"]["modelSource"] = {"hub": {"tokenSecretRef": {"name": "hub-token", "key": "t"}}}
+    kube.objects[("SpeculativeDeployment", "ns", "chat")] = body
+    config = OperatorConfig.model_validate({"modelConfigUrl": "http://127.0.0.1:9/{model}"})
+    reconciler = Reconciler(kube, config, lambda *_: None)  # type: ignore[arg-type]
+    reconciler.reconcile("ns", "chat")  # no ApiException: the reconcile goes on
+    assert kube.secret_reads == 1
+    assert condition(kube, "Sized")["status"] == "False"
