@@ -37,3 +37,18 @@ def llama_8b(
     }
     body["spec"].update(spec)
     return body
+
+
+def hub_sd(namespace: str, name: str = "hub") -> dict[str, Any]:
+    """A pair outside the model catalog whose config.json is read with the hub token (Secret
+    `hub-token`, key `token`)."""
+    return llama_8b(
+        name,
+        namespace,
+        pair={
+            "version": "1",
+            "target": {"model": "example-org/unlisted-8b", "revision": "0123abcd"},
+            "draft": {"method": "ngram", "numSpeculativeTokens": 3},
+        },
+        modelSource={"hub": {"tokenSecretRef": {"name": "hub-token", "key": "token"}}},
+    )

@@ -34,7 +34,7 @@ from chart_harness import (
     set_values,
 )
 from engine_cluster import OperatorProcess, apply_crds, condition, get_sd
-from sd_bodies import llama_8b
+from sd_bodies import hub_sd, llama_8b
 from testbed import (
     RESTRICTED_CONTAINER_SECURITY,
     RESTRICTED_POD_SECURITY,
@@ -227,22 +227,6 @@ def legacy_revision(namespace: str, sd: str, sd_uid: str) -> dict[str, Any]:
     }
 
 
-def hub_sd(namespace: str) -> dict[str, Any]:
-    """A pair outside the model catalog whose config.json is read with the hub token."""
-    return llama_8b(
-        "hub",
-        namespace,
-        pair={
-            "version": "1",
-            "target": {"model": "example-org/unlisted-8b", "revision": "0123abcd"},
-            "draft": {"method": "ngram", "numSpeculativeTokens": 3},
-        },
-        modelSource={"hub": {"tokenSecretRef": {"name": "hub-token", "key": "token"}}},
-        # A Kueue priority class, so that the operator looks it up (it does not exist here).
-        placement={"queue": "interactive", "priorityClass": "e2e-unlisted"},
-    )
-
-
 def probe_answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -400,7 +384,10 @@ def run_through_every_call(kubectl: Kubectl, namespace: str, operator: OperatorP
     records = kubectl.get_json("controllerrevisions", "-n", namespace, "-l", f"{NAME_LABEL}=chat")
     assert f"chat-{pruned}" not in [r["metadata"]["name"] for r in records["items"]]
 
-    kubectl.apply([hub_sd(namespace)])
+    hub = hub_sd(namespace)
+    # A Kueue priority class, so that the operator looks it up (it does not exist here).
+    hub["spec"]["placement"]["priorityClass"] = "e2e-unlisted"
+    kubectl.apply([hub])
     eventually(
         lambda: condition(get_sd(kubectl, namespace, "hub"), "Sized").get("status") == "False",
         60,

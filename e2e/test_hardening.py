@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from engine_cluster import OperatorProcess
-from sd_bodies import llama_8b
+from sd_bodies import hub_sd, llama_8b
 from testbed import ClusterEnv, Kubectl, eventually
 
 pytestmark = pytest.mark.e2e
@@ -244,16 +244,7 @@ def test_the_hub_token_is_only_a_secret_reference(
     )
     source = {"hub": {"tokenSecretRef": {"name": "hub-token", "key": "token"}}}
     listed = llama_8b("listed", namespace, modelSource=source)
-    unlisted = llama_8b(
-        "unlisted",
-        namespace,
-        pair={
-            "version": "1",
-            "target": {"model": "example-org/unlisted-8b", "revision": "0123abcd"},
-            "draft": {"method": "ngram", "numSpeculativeTokens": 3},
-        },
-        modelSource=source,
-    )
+    unlisted = hub_sd(namespace, "unlisted")
     operator.start()
     try:
         kubectl.apply([listed, unlisted])

@@ -47,8 +47,10 @@ NODES = [
 ]
 
 
-def setup(body: dict[str, Any]) -> tuple[FakeKube, Reconciler, list[tuple[str, str]]]:
-    kube = FakeKube(NODES)
+def setup(
+    body: dict[str, Any], kube: FakeKube | None = None
+) -> tuple[FakeKube, Reconciler, list[tuple[str, str]]]:
+    kube = kube or FakeKube(NODES)
     kube.objects[("SpeculativeDeployment", "ns", "chat")] = body
     events: list[tuple[str, str]] = []
     reconciler = Reconciler(

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+import test_reconcile
 from fake_kube import FakeKube
 from specdeploy.adapters.kube import WriteRefusedError, _refusals
 from specdeploy.api.config import OperatorConfig
@@ -40,13 +41,7 @@ class RefusingKube(FakeKube):
 
 def setup() -> tuple[RefusingKube, Reconciler, list[tuple[str, str]]]:
     kube = RefusingKube()
-    kube.objects[("SpeculativeDeployment", "ns", "chat")] = sd_body()
-    events: list[tuple[str, str]] = []
-    reconciler = Reconciler(
-        kube,  # type: ignore[arg-type]
-        OperatorConfig(),
-        lambda _body, _type, reason, message: events.append((reason, message)),
-    )
+    _, reconciler, events = test_reconcile.setup(sd_body(), kube)
     return kube, reconciler, events
 
 
