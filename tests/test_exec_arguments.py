@@ -20,8 +20,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from admission import admission_errors, crd_schema
 from schema_strategies import value_strategy
+from specdeploy.api.admission import admission_errors, crd_schema
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.crd import REFUSED_EXTRA_FLAGS, refused_flags_regex
 from specdeploy.api.models import SpeculativeDeployment, SpeculativeDeploymentSpec

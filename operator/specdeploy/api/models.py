@@ -492,7 +492,11 @@ class EphemeralCache(ApiModel):
 
     size: Quantity = Field(description="Storage requested, e.g. 200Gi (more than the weights).")
     storage_class_name: str | None = Field(
-        default=None, min_length=1, description="StorageClass; the cluster's default when unset."
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=SUBDOMAIN_PATTERN,
+        description="StorageClass; the cluster's default when unset.",
     )
 
 
@@ -502,6 +506,8 @@ class ModelCacheSpec(ApiModel):
     claim_name: str | None = Field(
         default=None,
         min_length=1,
+        max_length=253,
+        pattern=SUBDOMAIN_PATTERN,
         description=(
             "An existing PersistentVolumeClaim (ReadWriteMany when replicas share it; pre-warm "
             "it as docs/operator.md shows)."
@@ -515,7 +521,7 @@ class ModelCacheSpec(ApiModel):
 class LocalObjectReference(ApiModel):
     """A reference to an object of the same namespace, by name."""
 
-    name: str = Field(min_length=1, description="Name.")
+    name: str = Field(min_length=1, max_length=253, pattern=SUBDOMAIN_PATTERN, description="Name.")
 
 
 class PodOptions(ApiModel):
@@ -533,7 +539,11 @@ class PodOptions(ApiModel):
         description="Extra pod annotations; specdeploy.dev/* and prometheus.io/* are refused.",
     )
     service_account_name: str | None = Field(
-        default=None, min_length=1, description="ServiceAccount the engine pods run as."
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=SUBDOMAIN_PATTERN,
+        description="ServiceAccount the engine pods run as.",
     )
     image_pull_secrets: list[LocalObjectReference] | None = Field(
         default=None, max_length=16, description="Secrets for pulling the engine image."
@@ -541,6 +551,8 @@ class PodOptions(ApiModel):
     priority_class_name: str | None = Field(
         default=None,
         min_length=1,
+        max_length=253,
+        pattern=SUBDOMAIN_PATTERN,
         description=(
             "Kubernetes PriorityClass for the kube scheduler (preemption between pods); "
             "placement.priorityClass is Kueue's WorkloadPriorityClass (queueing order)."
