@@ -156,6 +156,39 @@ CEL_RULES: tuple[CelRule, ...] = (
         message="a schedule needs engine.maxNumSeqs, and no maxBatchSize may exceed it",
         field_path=".pair.draft.schedule",
     ),
+    # The autotuner chooses numSpeculativeTokens: a method without one has nothing to tune.
+    CelRule(
+        path="spec.pair.draft",
+        rule="!has(self.autotune) || !has(self.autotune.mode) || self.autotune.mode == 'Off'"
+        " || self.method != 'none'",
+        message="autotune needs a method with numSpeculativeTokens (not none)",
+        field_path=".autotune.mode",
+    ),
+    # Apply replaces numSpeculativeTokens at every batch size; a schedule's steps could then
+    # exceed the tuned k (pods start with k fixed) or contradict it.
+    CelRule(
+        path="spec.pair.draft",
+        rule="!has(self.autotune) || !has(self.autotune.mode) || self.autotune.mode != 'Apply'"
+        " || !has(self.schedule)",
+        message="autotune mode Apply takes no schedule",
+        field_path=".autotune.mode",
+    ),
+    # A tuned length is a prediction: it must pass the canary before it serves everyone.
+    CelRule(
+        path="spec",
+        rule="!has(self.pair.draft.autotune) || !has(self.pair.draft.autotune.mode)"
+        " || self.pair.draft.autotune.mode != 'Apply'"
+        " || (has(self.rollout) && (has(self.rollout.canary) || has(self.rollout.analysis)))",
+        message="autotune mode Apply needs a canary (rollout.canary or rollout.analysis)",
+        field_path=".pair.draft.autotune.mode",
+    ),
+    # Defaults are stored before the rules run, so both bounds are always there.
+    CelRule(
+        path="spec.pair.draft.autotune",
+        rule="!has(self.minTokens) || !has(self.maxTokens) || self.minTokens <= self.maxTokens",
+        message="minTokens must not exceed maxTokens",
+        field_path=".minTokens",
+    ),
     # vLLM accepts a draft tensor parallel size of 1 or the target's.
     CelRule(
         path="spec",

@@ -110,6 +110,7 @@ CollapseAction = Literal["DisableSpeculation", "RollbackToPrevious", "AlertOnly"
 ConditionStatus = Literal["True", "False", "Unknown"]
 SpeculationState = Literal["Enabled", "Disabled"]
 VerdictResult = Literal["Pass", "Fail", "Inconclusive"]
+AutotuneMode = Literal["Off", "Recommend", "Apply"]
 
 
 class ApiModel(BaseModel):
@@ -195,6 +196,52 @@ class ScheduleStep(ApiModel):
     )
 
 
+class AutotuneSpec(ApiModel):
+    """Speculation length chosen from what the serving pods measure (docs/autotune.md).
+
+    The modes follow the Vertical Pod Autoscaler's update modes: Off computes nothing,
+    Recommend writes status.autotune only, Apply rolls the recommendation out as a new
+    revision through the canary.
+    """
+
+    mode: AutotuneMode = Field(
+        default="Off",
+        description=(
+            "Off, Recommend (status.autotune shows the recommended numSpeculativeTokens; "
+            "nothing changes) or Apply (the recommendation becomes a new revision, judged by "
+            "the canary, when its predicted gain reaches minGain)."
+        ),
+    )
+    min_gain: float = Field(
+        default=0.05,
+        ge=0,
+        le=10,
+        description=(
+            "Predicted relative gain in tokens per second (0.05 = 5 %) below which the "
+            "current length is kept."
+        ),
+    )
+    cooldown: Duration = Field(
+        default="30m", description="Least time between two tuned revisions (mode Apply)."
+    )
+    min_tokens: int = Field(
+        default=1, ge=1, le=32, description="Smallest numSpeculativeTokens recommended."
+    )
+    max_tokens: int = Field(
+        default=8, ge=1, le=32, description="Largest numSpeculativeTokens recommended."
+    )
+    draft_cost_ratio: float | None = Field(
+        default=None,
+        gt=0,
+        le=10,
+        description=(
+            "Cost of one speculative token (drafting and verifying it) relative to a decode "
+            "step without speculation. Default: measured once two lengths have served, else "
+            "the operator's configured ratio."
+        ),
+    )
+
+
 class DraftSpec(ApiModel):
     """How tokens are proposed for the target to verify."""
 
@@ -245,6 +292,10 @@ class DraftSpec(ApiModel):
             "Tensor parallel size of the draft: 1, or the target's tensorParallelSize. "
             "Default: vLLM's choice (the target's)."
         ),
+    )
+    autotune: AutotuneSpec | None = Field(
+        default=None,
+        description="Choose numSpeculativeTokens from live measurements (default: Off).",
     )
 
 
@@ -837,6 +888,92 @@ class CollapseStatus(ApiModel):
     )
 
 
+class AutotuneRecommendation(ApiModel):
+    """The speculation length the autotuner recommends, and what it expects of it."""
+
+    num_speculative_tokens: int = Field(description="Recommended k.")
+    predicted_gain: float = Field(
+        description="Predicted tokens per second over the current k's, relative (0.1 = +10 %)."
+    )
+    predicted_tokens_per_second: float | None = Field(
+        default=None, description="Predicted tokens per second of one sequence at this k."
+    )
+    changed: bool = Field(
+        default=False, description="The recommendation differs from the k served now."
+    )
+    message: str = Field(default="", description="Why this k.")
+
+
+class AutotuneStepCost(ApiModel):
+    """The mean decode step time measured at one speculation length."""
+
+    num_speculative_tokens: int = Field(description="k served (0: no speculation).")
+    step_seconds: float = Field(description="Mean time between a sequence's decode steps.")
+    batch_size: float | None = Field(default=None, description="Mean running batch size then.")
+
+
+class AutotuneInputs(ApiModel):
+    """What the recommendation was computed from."""
+
+    revision: str = Field(description="The serving revision measured.")
+    num_speculative_tokens: int = Field(description="k that revision serves.")
+    window: str = Field(description="Prometheus range read.")
+    drafts: float = Field(description="Drafts in the window.")
+    draft_tokens: float = Field(description="Draft tokens in the window.")
+    acceptance_per_position: list[float] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Accepted tokens per draft at each position (0-based), as measured.",
+    )
+    mean_batch_size: float | None = Field(default=None, description="Mean running batch size.")
+    max_batch_size: float | None = Field(default=None, description="Largest running batch.")
+    step_costs: list[AutotuneStepCost] = Field(
+        default_factory=list, max_length=33, description="Step times measured per k."
+    )
+    draft_cost_ratio: float = Field(description="Cost ratio of one speculative token used.")
+    draft_cost_source: str = Field(
+        description="Where the ratio came from: Spec, Measured or OperatorDefault."
+    )
+
+
+class AutotuneStatus(ApiModel):
+    """The autotuner's latest recommendation and what it has rolled out (docs/autotune.md)."""
+
+    recommendation: AutotuneRecommendation | None = Field(
+        default=None, description="The latest recommendation; none until enough was measured."
+    )
+    inputs: AutotuneInputs | None = Field(default=None, description="Its measured inputs.")
+    computed_at: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the recommendation was last computed.",
+    )
+    message: str = Field(default="", description="Why there is no recommendation, if none.")
+    applied_tokens: int | None = Field(
+        default=None, description="k served instead of spec's numSpeculativeTokens (Apply)."
+    )
+    applied_at: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the latest tuned revision was rolled out (cooldown counts from it).",
+    )
+    trial_revision: str | None = Field(
+        default=None, description="The tuned revision the canary is judging."
+    )
+    previous_tokens: int | None = Field(
+        default=None, description="k served before the tuned revision under trial."
+    )
+    rejected_tokens: list[int] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Tuned lengths the canary rolled back; not tried again for this spec.",
+    )
+    spec_fingerprint: str | None = Field(
+        default=None,
+        description="The draft spec the applied and rejected lengths belong to.",
+    )
+
+
 class SpeculativeDeploymentStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -875,6 +1012,9 @@ class SpeculativeDeploymentStatus(ApiModel):
         default=None, description="Effective speculation."
     )
     sizing: SizingDecision | None = Field(default=None, description="Current sizing decision.")
+    autotune: AutotuneStatus | None = Field(
+        default=None, description="The speculation-length autotuner (spec.pair.draft.autotune)."
+    )
     replicas: int | None = Field(default=None, description="Pods of this SD (scale subresource).")
     ready_replicas: int | None = Field(default=None, description="Ready pods.")
     selector: str | None = Field(
