@@ -64,6 +64,10 @@ class Reason:
     SPECULATION_DISABLED_BATCH_QUEUE: Final = "BatchQueue"
     SPECULATION_DISABLED_COLLAPSE: Final = "DisabledAfterCollapse"
     NO_DRAFT: Final = "NoDraft"
+    # Speculation-length autotuner (Events)
+    TUNED_REVISION_ROLLED_OUT: Final = "TunedRevisionRolledOut"
+    TUNED_REVISION_PROMOTED: Final = "TunedRevisionPromoted"
+    TUNED_REVISION_REJECTED: Final = "TunedRevisionRejected"
     # Children changed out of band and set back
     DRIFT_REVERTED: Final = "DriftReverted"
     # A child write the API server refused (400/422): stopped until the spec changes

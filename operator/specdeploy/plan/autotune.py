@@ -1,0 +1,547 @@
+"""The speculation-length autotuner as pure functions (docs/autotune.md has the reasoning).
+
+The model, for one sequence of the serving revision:
+
+- vLLM counts, per draft position i (0-based), the drafts whose first i+1 tokens were all
+  accepted (`vllm:spec_decode_num_accepted_tokens_per_pos_total`), and the drafts themselves
+  (`vllm:spec_decode_num_drafts_total`). Their ratio a_i is the probability that a step gets
+  at least i+1 draft tokens accepted, so a step with k speculative tokens emits
+  E(k) = 1 + a_0 + ... + a_{k-1} tokens on average (the 1 is the target's own token).
+- A step with k speculative tokens costs t0 * (1 + r*k): t0 is a decode step without
+  speculation, r the cost of proposing and verifying one more token relative to it. The step
+  time at the served k is measured (mean inter-token latency: vLLM observes it once per step),
+  so t0 follows from r; r comes from the spec, else from the step times measured at two or
+  more lengths (a straight-line fit), else from the operator's configured default.
+- Tokens per second at k are E(k) / (t0 * (1 + r*k)). The length between minTokens and
+  maxTokens that maximises it is recommended when it beats the served length by minGain.
+
+Positions beyond the served k have no data. Conservatively, the conditional acceptance of each
+further position (the chance it is accepted once all before it were) is the last measured
+one's, never more, times EXTRAPOLATION_DECAY per extra position: the draft's guesses grow
+worse the further they look ahead, and an over-long k costs every step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from specdeploy.api.conditions import Reason
+from specdeploy.api.config import AnalysisSettings
+from specdeploy.api.models import (
+    AnalysisStatus,
+    AutotuneInputs,
+    AutotuneRecommendation,
+    AutotuneSpec,
+    AutotuneStatus,
+    AutotuneStepCost,
+    SpeculativeDeployment,
+    SpeculativeDeploymentSpec,
+)
+from specdeploy.plan.analysis import RFC3339, Outcome, duration_seconds
+from specdeploy.plan.rollout import RolloutEvent
+
+#: Each position beyond the measured ones keeps at most this share of the previous
+#: position's conditional acceptance.
+EXTRAPOLATION_DECAY = 0.9
+#: Predicted figures closer than this (relative) are a tie, broken towards the shorter k.
+TIE = 1e-9
+#: Step costs kept per SD (one per k, the latest).
+MAX_STEP_COSTS = 33
+
+#: r when neither the spec nor two measured lengths give it: an EAGLE-style head costs a few
+#: per cent of the target per token on a GPU, and verifying one more token at small batch
+#: about as much again.
+DEFAULT_DRAFT_COST_RATIO = 0.1
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+def acceptance_by_position(drafts: float, accepted: Sequence[float]) -> list[float]:
+    """a_i: the share of drafts with at least i+1 tokens accepted, for each measured position.
+
+    Counters read over a window can be slightly out of step; the result is clamped into [0, 1]
+    and made non-increasing, as the probabilities are.
+    """
+    if drafts <= 0:
+        raise ValueError("no drafts: the acceptance per position is unknown")
+    rates: list[float] = []
+    ceiling = 1.0
+    for count in accepted:
+        rate = min(max(count / drafts, 0.0), ceiling)
+        rates.append(rate)
+        ceiling = rate
+    return rates
+
+
+def extend_acceptance(
+    rates: Sequence[float], k: int, decay: float = EXTRAPOLATION_DECAY
+) -> list[float]:
+    """a_0 .. a_{k-1}: the measured rates, then (beyond them) the conservative extrapolation.
+
+    The conditional acceptance of position i is a_i / a_{i-1} (a_{-1} = 1). Each position past
+    the last measured one gets the last measured conditional acceptance times `decay` per step
+    beyond it, capped at 1.
+    """
+    if not rates:
+        raise ValueError("at least one measured position is needed")
+    if k <= len(rates):
+        return list(rates[:k])
+    before = rates[-2] if len(rates) > 1 else 1.0
+    last_conditional = rates[-1] / before if before > 0 else 0.0
+    out = list(rates)
+    conditional = min(last_conditional, 1.0)
+    while len(out) < k:
+        conditional *= decay
+        out.append(out[-1] * conditional)
+    return out
+
+
+def expected_tokens_per_step(rates: Sequence[float], k: int) -> float:
+    """E(k) = 1 + a_0 + ... + a_{k-1}: tokens one step emits with k speculative tokens."""
+    return 1.0 + sum(extend_acceptance(rates, k)) if k > 0 else 1.0
+
+
+def relative_step_cost(k: int, cost_ratio: float) -> float:
+    """A step with k speculative tokens, in decode steps without speculation: 1 + r*k."""
+    return 1.0 + cost_ratio * k
+
+
+def tokens_per_second(
+    rates: Sequence[float], k: int, cost_ratio: float, base_step_seconds: float
+) -> float:
+    """Predicted tokens per second of one sequence at length k."""
+    return expected_tokens_per_step(rates, k) / (
+        base_step_seconds * relative_step_cost(k, cost_ratio)
+    )
+
+
+def fit_cost_ratio(costs: Sequence[AutotuneStepCost]) -> float | None:
+    """r from step times measured at two or more lengths: the least-squares line
+    t = t0 + t0*r*k, so r = slope / intercept. None with fewer than two lengths, or when the
+    fit is not a cost (a non-positive intercept); a negative slope (noise) gives 0."""
+    points = [(c.num_speculative_tokens, c.step_seconds) for c in costs if c.step_seconds > 0]
+    if len({k for k, _ in points}) < 2:
+        return None
+    n = len(points)
+    mean_k = sum(k for k, _ in points) / n
+    mean_t = sum(t for _, t in points) / n
+    spread = sum((k - mean_k) ** 2 for k, _ in points)
+    slope = sum((k - mean_k) * (t - mean_t) for k, t in points) / spread
+    intercept = mean_t - slope * mean_k
+    if intercept <= 0:
+        return None
+    return max(slope / intercept, 0.0)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's answer for one set of inputs."""
+
+    current_tokens: int
+    best_tokens: int
+    #: Predicted tokens per second of one sequence, by k (min..max, and the current k).
+    by_tokens: dict[int, float]
+    gain: float
+    changed: bool
+    message: str
+
+
+def choose_tokens(
+    rates: Sequence[float],
+    *,
+    current_tokens: int,
+    step_seconds: float,
+    cost_ratio: float,
+    min_tokens: int,
+    max_tokens: int,
+    min_gain: float,
+) -> Prediction:
+    """The k in [min_tokens, max_tokens] with the most predicted tokens per second, and
+    whether it replaces `current_tokens` (the k that measured `step_seconds`).
+
+    Hysteresis: the current k is kept unless the best one is predicted at least `min_gain`
+    faster (relative); a current k outside the bounds is always replaced.
+    """
+    if min_tokens > max_tokens:
+        raise ValueError(f"minTokens {min_tokens} exceeds maxTokens {max_tokens}")
+    if step_seconds <= 0:
+        raise ValueError("the step time must be positive")
+    base = step_seconds / relative_step_cost(current_tokens, cost_ratio)
+    candidates = sorted({*range(min_tokens, max_tokens + 1), current_tokens})
+    by_tokens = {k: tokens_per_second(rates, k, cost_ratio, base) for k in candidates}
+    best = min_tokens
+    for k in range(min_tokens, max_tokens + 1):
+        if by_tokens[k] > by_tokens[best] * (1 + TIE):
+            best = k
+    gain = by_tokens[best] / by_tokens[current_tokens] - 1
+    in_bounds = min_tokens <= current_tokens <= max_tokens
+    figures = f"k={best} {by_tokens[best]:.1f} tok/s vs k={current_tokens} " + (
+        f"{by_tokens[current_tokens]:.1f} tok/s ({gain:+.1%})"
+    )
+    if best == current_tokens:
+        return Prediction(current_tokens, best, by_tokens, 0.0, False, f"k={best} is best")
+    if in_bounds and gain < min_gain:
+        return Prediction(
+            current_tokens,
+            current_tokens,
+            by_tokens,
+            gain,
+            False,
+            f"kept: {figures}, below minGain {min_gain:.0%}",
+        )
+    return Prediction(current_tokens, best, by_tokens, gain, True, figures)
+
+
+# --- the measurements --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AutotuneMeasurement:
+    """What Prometheus says of the serving revision's speculation over one window."""
+
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    #: Accepted tokens per position (0-based), as many positions as the pods' k.
+    accepted_per_position: tuple[float, ...] = ()
+    #: Mean time between a sequence's decode steps (vLLM's inter-token latency).
+    step_seconds: float | None = None
+    mean_batch_size: float | None = None
+    max_batch_size: float | None = None
+    error: str | None = None
+
+
+def spec_fingerprint(spec: SpeculativeDeploymentSpec) -> str:
+    """Names the pair and bounds a tuned or rejected length belongs to: when the spec changes
+    them, what was learnt of the old pair no longer holds."""
+    pair = spec.pair.model_dump(by_alias=True, exclude_none=True, mode="json")
+    tune = pair["draft"].pop("autotune", {})
+    pair["draft"].pop("shape", None)
+    pair["bounds"] = [tune.get("minTokens"), tune.get("maxTokens")]
+    canonical = json.dumps(pair, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
+def _parse(stamp: str | None) -> datetime | None:
+    if not stamp:
+        return None
+    return datetime.strptime(stamp, RFC3339).replace(tzinfo=UTC)
+
+
+def measurement_due(
+    spec: SpeculativeDeploymentSpec,
+    previous: AutotuneStatus | None,
+    interval: str,
+    now: datetime,
+) -> bool:
+    """Whether this reconcile should measure for a recommendation: autotune is on and the
+    last one is at least an analysis interval old."""
+    tune = spec.pair.draft.autotune
+    if tune is None or tune.mode == "Off":
+        return False
+    computed = _parse(previous.computed_at if previous else None)
+    return computed is None or (now - computed).total_seconds() >= duration_seconds(interval)
+
+
+def _step_costs(
+    previous: Sequence[AutotuneStepCost], tokens: int, measured: AutotuneMeasurement
+) -> list[AutotuneStepCost]:
+    kept = [c for c in previous if c.num_speculative_tokens != tokens]
+    if measured.step_seconds is not None and measured.step_seconds > 0:
+        kept.append(
+            AutotuneStepCost(
+                num_speculative_tokens=tokens,
+                step_seconds=measured.step_seconds,
+                batch_size=measured.mean_batch_size,
+            )
+        )
+    return sorted(kept, key=lambda c: c.num_speculative_tokens)[:MAX_STEP_COSTS]
+
+
+def _cost_ratio(
+    tune: AutotuneSpec, costs: Sequence[AutotuneStepCost], default: float
+) -> tuple[float, str]:
+    if tune.draft_cost_ratio is not None:
+        return tune.draft_cost_ratio, "Spec"
+    fitted = fit_cost_ratio(costs)
+    if fitted is not None:
+        return fitted, "Measured"
+    return default, "OperatorDefault"
+
+
+def recommend(
+    tune: AutotuneSpec,
+    previous: AutotuneStatus | None,
+    *,
+    revision: str,
+    served_tokens: int,
+    measured: AutotuneMeasurement,
+    window: str,
+    min_draft_tokens: int,
+    default_cost_ratio: float,
+    now: datetime,
+) -> AutotuneStatus:
+    """The status with a new recommendation from `measured` (the serving revision, at k =
+    `served_tokens`), or with the reason there is none; the rest of `previous` is kept."""
+    state = previous or AutotuneStatus()
+    stamp = now.strftime(RFC3339)
+    if measured.error is not None:
+        return state.model_copy(
+            update={"computed_at": stamp, "message": f"metrics unavailable: {measured.error}"}
+        )
+    costs = _step_costs(state.inputs.step_costs if state.inputs else [], served_tokens, measured)
+    ratio, source = _cost_ratio(tune, costs, default_cost_ratio)
+    inputs = AutotuneInputs(
+        revision=revision,
+        num_speculative_tokens=served_tokens,
+        window=window,
+        drafts=round(measured.drafts, 1),
+        draft_tokens=round(measured.draft_tokens, 1),
+        acceptance_per_position=[],
+        mean_batch_size=_rounded(measured.mean_batch_size),
+        max_batch_size=_rounded(measured.max_batch_size),
+        step_costs=costs,
+        draft_cost_ratio=round(ratio, 4),
+        draft_cost_source=source,
+    )
+    short = None
+    if measured.draft_tokens < min_draft_tokens or measured.drafts <= 0:
+        short = (
+            f"{measured.draft_tokens:,.0f} draft tokens in {window}, fewer than the "
+            f"{min_draft_tokens:,} a recommendation needs"
+        )
+    elif not measured.accepted_per_position:
+        short = "no per-position acceptance measured"
+    elif measured.step_seconds is None or measured.step_seconds <= 0:
+        short = "no inter-token latency measured"
+    if short is not None:
+        return state.model_copy(update={"computed_at": stamp, "message": short, "inputs": inputs})
+    rates = acceptance_by_position(measured.drafts, measured.accepted_per_position)
+    assert measured.step_seconds is not None
+    prediction = choose_tokens(
+        rates,
+        current_tokens=served_tokens,
+        step_seconds=measured.step_seconds,
+        cost_ratio=ratio,
+        min_tokens=tune.min_tokens,
+        max_tokens=tune.max_tokens,
+        min_gain=tune.min_gain,
+    )
+    return state.model_copy(
+        update={
+            "computed_at": stamp,
+            "message": "",
+            "inputs": inputs.model_copy(
+                update={"acceptance_per_position": [round(a, 4) for a in rates]}
+            ),
+            "recommendation": AutotuneRecommendation(
+                num_speculative_tokens=prediction.best_tokens,
+                predicted_gain=round(prediction.gain, 4),
+                predicted_tokens_per_second=round(prediction.by_tokens[prediction.best_tokens], 2),
+                changed=prediction.changed,
+                message=prediction.message,
+            ),
+        }
+    )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+# --- the decision ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What the autotuner decided this reconcile: the status to keep, the k to serve instead
+    of the spec's (None: the spec's), and the Events."""
+
+    state: AutotuneStatus | None
+    tokens: int | None = None
+    events: tuple[RolloutEvent, ...] = field(default_factory=tuple)
+
+
+def tuned_spec(spec: SpeculativeDeploymentSpec, tokens: int | None) -> SpeculativeDeploymentSpec:
+    """The spec the pods are built from as far as autotuning goes: the tuned k in place of
+    numSpeculativeTokens, and no autotune block (its settings are not part of the pods, so a
+    change of mode or bounds is no new revision)."""
+    draft = spec.pair.draft
+    if draft.autotune is None and tokens is None:
+        return spec
+    update: dict[str, object] = {"autotune": None}
+    if tokens is not None and draft.method != "none":
+        update["num_speculative_tokens"] = tokens
+    pair = spec.pair.model_copy(update={"draft": draft.model_copy(update=update)})
+    return spec.model_copy(update={"pair": pair})
+
+
+def _resolve_trial(
+    state: AutotuneStatus, analysis: AnalysisStatus | None
+) -> tuple[AutotuneStatus, list[RolloutEvent]]:
+    """The canary's verdict on the tuned revision under trial, once it is final."""
+    trial = state.trial_revision
+    if trial is None or analysis is None or analysis.revision != trial:
+        return state, []
+    k = state.applied_tokens
+    if analysis.outcome == Outcome.PROMOTE:
+        event = RolloutEvent(
+            Reason.TUNED_REVISION_PROMOTED,
+            f"tuned revision {trial} (numSpeculativeTokens {k}) passed the canary and serves",
+        )
+        return state.model_copy(update={"trial_revision": None, "previous_tokens": None}), [event]
+    if analysis.outcome == Outcome.ROLLBACK:
+        rejected = sorted({*state.rejected_tokens, *([k] if k is not None else [])})
+        event = RolloutEvent(
+            Reason.TUNED_REVISION_REJECTED,
+            f"tuned revision {trial} (numSpeculativeTokens {k}) was rolled back by the canary: "
+            f"{analysis.message}; k={k} is not tried again until the spec changes",
+            warning=True,
+        )
+        return (
+            state.model_copy(
+                update={
+                    "trial_revision": None,
+                    "applied_tokens": state.previous_tokens,
+                    "previous_tokens": None,
+                    "rejected_tokens": rejected,
+                }
+            ),
+            [event],
+        )
+    return state, []
+
+
+def _cooled_down(state: AutotuneStatus, cooldown: str, now: datetime) -> bool:
+    applied = _parse(state.applied_at)
+    return applied is None or (now - applied).total_seconds() >= duration_seconds(cooldown)
+
+
+def decide_tuning(
+    spec: SpeculativeDeploymentSpec,
+    previous: AutotuneStatus | None,
+    *,
+    stable_revision: str | None,
+    stable_tokens: int | None,
+    settled: bool,
+    analysis: AnalysisStatus | None,
+    measured: AutotuneMeasurement | None,
+    window: str,
+    min_draft_tokens: int,
+    default_cost_ratio: float,
+    revision_for: Callable[[int], str | None],
+    now: datetime,
+) -> Tuning:
+    """The autotuner's step in the reconcile.
+
+    `stable_tokens` is the k the stable revision serves (None: it does not speculate);
+    `settled` says the stable revision serves alone (no canary, no collapse fallback), the
+    only time a tuned revision may start; `measured` is the stable revision's measurement when
+    one is due (see measurement_due), else None; `revision_for(k)` is the revision the spec
+    with k tuned in would be.
+    """
+    tune = spec.pair.draft.autotune
+    if tune is None or tune.mode == "Off" or spec.pair.draft.method == "none":
+        return Tuning(state=None)
+    fingerprint = spec_fingerprint(spec)
+    state = previous or AutotuneStatus()
+    if state.spec_fingerprint != fingerprint:
+        # A new pair or new bounds: what was tuned and rejected belonged to the old one.
+        state = AutotuneStatus(
+            recommendation=state.recommendation,
+            inputs=state.inputs,
+            computed_at=state.computed_at,
+            spec_fingerprint=fingerprint,
+        )
+    state, events = _resolve_trial(state, analysis)
+    if tune.mode != "Apply":
+        state = state.model_copy(
+            update={"applied_tokens": None, "trial_revision": None, "previous_tokens": None}
+        )
+    if measured is not None and stable_revision is not None and stable_tokens is not None:
+        state = recommend(
+            tune,
+            state,
+            revision=stable_revision,
+            served_tokens=stable_tokens,
+            measured=measured,
+            window=window,
+            min_draft_tokens=min_draft_tokens,
+            default_cost_ratio=default_cost_ratio,
+            now=now,
+        )
+        rec = state.recommendation
+        fresh = state.computed_at == now.strftime(RFC3339) and not state.message
+        if (
+            tune.mode == "Apply"
+            and fresh
+            and rec is not None
+            and rec.changed
+            and rec.predicted_gain >= tune.min_gain
+            and settled
+            and state.trial_revision is None
+            and rec.num_speculative_tokens not in state.rejected_tokens
+            and _cooled_down(state, tune.cooldown, now)
+        ):
+            k = rec.num_speculative_tokens
+            trial = revision_for(k)
+            state = state.model_copy(
+                update={
+                    "applied_tokens": k,
+                    "applied_at": now.strftime(RFC3339),
+                    "previous_tokens": state.applied_tokens,
+                    "trial_revision": trial,
+                }
+            )
+            events.append(
+                RolloutEvent(
+                    Reason.TUNED_REVISION_ROLLED_OUT,
+                    f"tuned revision {trial}: numSpeculativeTokens {stable_tokens} -> {k} "
+                    f"({rec.message})",
+                )
+            )
+    return Tuning(
+        state=state,
+        tokens=state.applied_tokens if tune.mode == "Apply" else None,
+        events=tuple(events),
+    )
+
+
+def tune_deployment(
+    sd: SpeculativeDeployment,
+    measured: AutotuneMeasurement | None,
+    settings: AnalysisSettings,
+    revision_for: Callable[[int], str | None],
+    now: datetime,
+) -> Tuning:
+    """decide_tuning with its inputs read from the SD's spec and recorded status."""
+    status = sd.status
+    stable = status.stable_revision if status else None
+    record = next((r for r in status.revisions if r.revision == stable), None) if status else None
+    stable_tokens = (
+        record.draft.num_speculative_tokens
+        if record is not None and record.draft.method != "none"
+        else None
+    )
+    collapsed = bool(status and status.collapse and status.collapse.triggered)
+    return decide_tuning(
+        sd.spec,
+        status.autotune if status else None,
+        stable_revision=stable,
+        stable_tokens=stable_tokens,
+        settled=stable is not None
+        and status is not None
+        and status.canary_revision is None
+        and not collapsed,
+        analysis=status.analysis if status else None,
+        measured=measured,
+        window=settings.window,
+        min_draft_tokens=settings.min_draft_tokens,
+        default_cost_ratio=DEFAULT_DRAFT_COST_RATIO,
+        revision_for=revision_for,
+        now=now,
+    )

@@ -1,0 +1,387 @@
+"""The speculation-length model and the autotuner's decision, against figures worked by hand."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from specdeploy.api.config import OperatorConfig
+from specdeploy.api.models import (
+    AnalysisStatus,
+    AutotuneStatus,
+    AutotuneStepCost,
+    SpeculativeDeploymentSpec,
+)
+from specdeploy.plan.autotune import (
+    AutotuneMeasurement,
+    acceptance_by_position,
+    choose_tokens,
+    decide_tuning,
+    expected_tokens_per_step,
+    extend_acceptance,
+    fit_cost_ratio,
+    measurement_due,
+    tokens_per_second,
+    tuned_spec,
+)
+from specdeploy.plan.revision import revision_hash
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+def test_acceptance_per_position_is_accepted_over_drafts() -> None:
+    assert acceptance_by_position(100, [80, 60, 30]) == pytest.approx([0.8, 0.6, 0.3])
+
+
+def test_acceptance_per_position_is_clamped_to_a_probability_that_never_rises() -> None:
+    # Counters read a moment apart can disagree by a sample; probabilities cannot.
+    assert acceptance_by_position(100, [50, 60, 120]) == pytest.approx([0.5, 0.5, 0.5])
+    assert acceptance_by_position(100, [120]) == pytest.approx([1.0])
+    with pytest.raises(ValueError, match="no drafts"):
+        acceptance_by_position(0, [1])
+
+
+def test_positions_beyond_the_measured_ones_decay_from_the_last_conditional_acceptance() -> None:
+    # Conditional acceptance of position 1 is 0.6 / 0.8 = 0.75. Position 2: 0.75 * 0.9 =
+    # 0.675, so a_2 = 0.6 * 0.675 = 0.405; position 3: 0.675 * 0.9 = 0.6075, so
+    # a_3 = 0.405 * 0.6075 = 0.2460375.
+    assert extend_acceptance([0.8, 0.6], 4) == pytest.approx([0.8, 0.6, 0.405, 0.2460375])
+    # One measured position: its conditional acceptance is a_0 itself (0.5): 0.45, then 0.405.
+    assert extend_acceptance([0.5], 3) == pytest.approx([0.5, 0.225, 0.091125])
+    # Fewer positions than measured: the measured ones, cut.
+    assert extend_acceptance([0.8, 0.6, 0.3], 2) == pytest.approx([0.8, 0.6])
+
+
+def test_extrapolation_never_exceeds_the_last_measured_conditional_acceptance() -> None:
+    # A draft perfect so far (conditional 1.0) is still not assumed perfect further on.
+    assert extend_acceptance([1.0, 1.0], 4) == pytest.approx([1.0, 1.0, 0.9, 0.729])
+    rates = extend_acceptance([0.9, 0.8, 0.7], 12)
+    conditionals = [b / a for a, b in zip(rates[2:], rates[3:], strict=False)]
+    assert all(c <= 0.7 / 0.8 for c in conditionals)
+    assert conditionals == sorted(conditionals, reverse=True)
+
+
+def test_expected_tokens_per_step() -> None:
+    rates = [0.8, 0.6, 0.3]
+    assert [expected_tokens_per_step(rates, k) for k in range(4)] == pytest.approx(
+        [1.0, 1.8, 2.4, 2.7]
+    )
+
+
+def test_tokens_per_second_divides_by_the_step_cost() -> None:
+    # k=2: E = 2.4 tokens per step of 0.01 s * (1 + 0.1 * 2) = 0.012 s: 200 tokens/s.
+    assert tokens_per_second([0.8, 0.6, 0.3], 2, 0.1, 0.01) == pytest.approx(200.0)
+
+
+GOOD_RATES = [0.9, 0.8, 0.7]  # measured at k=3
+
+
+def test_a_draft_that_predicts_well_gets_a_longer_k_than_measured() -> None:
+    # Measured at k=3 with a 13 ms step and r = 0.1: t0 = 0.013 / 1.3 = 10 ms.
+    # E(1..5) = 1.9, 2.7, 3.4, 3.95125 (a_3 = 0.7 * 0.7875), 4.34194844 (a_4 = 0.55125 *
+    # 0.70875); tokens/s = E / (0.01 * (1 + 0.1 k)) = 172.73, 225.0, 261.54, 282.23, 289.46.
+    prediction = choose_tokens(
+        GOOD_RATES,
+        current_tokens=3,
+        step_seconds=0.013,
+        cost_ratio=0.1,
+        min_tokens=1,
+        max_tokens=5,
+        min_gain=0.05,
+    )
+    assert prediction.by_tokens == pytest.approx(
+        {1: 172.7273, 2: 225.0, 3: 261.5385, 4: 282.2321, 5: 289.4632}, rel=1e-5
+    )
+    assert prediction.best_tokens == 5
+    assert prediction.changed
+    assert prediction.gain == pytest.approx(289.4632 / 261.5385 - 1, rel=1e-5)  # +10.7 %
+
+
+def test_max_tokens_bounds_the_choice() -> None:
+    prediction = choose_tokens(
+        GOOD_RATES,
+        current_tokens=3,
+        step_seconds=0.013,
+        cost_ratio=0.1,
+        min_tokens=1,
+        max_tokens=4,
+        min_gain=0.05,
+    )
+    assert (prediction.best_tokens, prediction.changed) == (4, True)
+    assert prediction.gain == pytest.approx(282.2321 / 261.5385 - 1, rel=1e-5)  # +7.9 %
+
+
+def test_a_gain_below_min_gain_keeps_the_current_k() -> None:
+    prediction = choose_tokens(
+        GOOD_RATES,
+        current_tokens=3,
+        step_seconds=0.013,
+        cost_ratio=0.1,
+        min_tokens=1,
+        max_tokens=5,
+        min_gain=0.2,
+    )
+    assert (prediction.best_tokens, prediction.changed) == (3, False)
+    assert "below minGain 20%" in prediction.message
+
+
+def test_a_draft_that_predicts_badly_gets_a_shorter_k() -> None:
+    # Measured at k=5, each position accepted 0.3 of the time after the previous: a_i = 0.3^(i+1).
+    # Step 15 ms, r = 0.1: t0 = 10 ms. k=1: 1.3 / 0.011 = 118.18 tokens/s; k=5: E = 1.42753 (1 +
+    # 0.3 + 0.09 + 0.027 + 0.0081 + 0.00243) / 0.015 = 95.17 tokens/s.
+    rates = [0.3, 0.09, 0.027, 0.0081, 0.00243]
+    prediction = choose_tokens(
+        rates,
+        current_tokens=5,
+        step_seconds=0.015,
+        cost_ratio=0.1,
+        min_tokens=1,
+        max_tokens=8,
+        min_gain=0.05,
+    )
+    assert prediction.best_tokens == 1
+    assert prediction.by_tokens[1] == pytest.approx(118.1818, rel=1e-5)
+    assert prediction.by_tokens[5] == pytest.approx(95.1687, rel=1e-5)
+    assert prediction.gain == pytest.approx(118.1818 / 95.1687 - 1, rel=1e-4)
+
+
+def test_a_dearer_draft_shortens_the_best_k() -> None:
+    common = {"current_tokens": 3, "step_seconds": 0.013, "min_tokens": 1, "max_tokens": 8}
+    cheap = choose_tokens(GOOD_RATES, cost_ratio=0.05, min_gain=0, **common)  # type: ignore[arg-type]
+    dear = choose_tokens(GOOD_RATES, cost_ratio=0.5, min_gain=0, **common)  # type: ignore[arg-type]
+    assert dear.best_tokens < cheap.best_tokens
+
+
+def test_ties_go_to_the_shorter_k() -> None:
+    # Nothing accepted and speculation free: every k predicts the same; the shortest wins.
+    prediction = choose_tokens(
+        [0.0],
+        current_tokens=4,
+        step_seconds=0.01,
+        cost_ratio=0.0,
+        min_tokens=2,
+        max_tokens=6,
+        min_gain=0.0,
+    )
+    assert prediction.best_tokens == 2
+
+
+def test_a_current_k_outside_the_bounds_is_replaced_whatever_the_gain() -> None:
+    prediction = choose_tokens(
+        [1.0] * 10,
+        current_tokens=10,
+        step_seconds=0.02,
+        cost_ratio=0.0,
+        min_tokens=1,
+        max_tokens=8,
+        min_gain=0.5,
+    )
+    assert (prediction.best_tokens, prediction.changed) == (8, True)
+    assert prediction.gain < 0  # 8 is worse than 10 here, but 10 is out of bounds
+
+
+def cost(k: int, seconds: float) -> AutotuneStepCost:
+    return AutotuneStepCost(num_speculative_tokens=k, step_seconds=seconds)
+
+
+def test_the_cost_ratio_is_fitted_from_two_or_more_lengths() -> None:
+    # t = t0 (1 + r k): (0, 10 ms) and (4, 14 ms) give t0 = 10 ms, slope 1 ms per token: r = 0.1.
+    assert fit_cost_ratio([cost(0, 0.010), cost(4, 0.014)]) == pytest.approx(0.1)
+    assert fit_cost_ratio([cost(1, 0.011), cost(3, 0.013), cost(5, 0.015)]) == pytest.approx(0.1)
+    assert fit_cost_ratio([cost(3, 0.013)]) is None, "one length cannot separate t0 from r"
+    assert fit_cost_ratio([cost(1, 0.02), cost(3, 0.01)]) == 0.0, "noise is no negative cost"
+
+
+# --- the decision ------------------------------------------------------------------------------
+
+
+def spec(mode: str = "Recommend", k: int = 3, **tune: object) -> SpeculativeDeploymentSpec:
+    return SpeculativeDeploymentSpec.model_validate(
+        {
+            "pair": {
+                "version": "1",
+                "target": {"model": "org/target"},
+                "draft": {
+                    "method": "draft_model",
+                    "model": "org/draft",
+                    "numSpeculativeTokens": k,
+                    "autotune": {"mode": mode, "maxTokens": 5, "draftCostRatio": 0.1, **tune},
+                },
+            },
+            "rollout": {"canary": {"replicas": 1}},
+        }
+    )
+
+
+# Measured at k=3: 1000 drafts, a = 0.9, 0.8, 0.7, step 13 ms (as the hand-worked case above).
+MEASURED = AutotuneMeasurement(
+    drafts=1000,
+    draft_tokens=3000,
+    accepted_per_position=(900, 800, 700),
+    step_seconds=0.013,
+    mean_batch_size=1.5,
+    max_batch_size=3,
+)
+
+
+def tune(
+    sd_spec: SpeculativeDeploymentSpec,
+    previous: AutotuneStatus | None = None,
+    *,
+    measured: AutotuneMeasurement | None = MEASURED,
+    settled: bool = True,
+    analysis: AnalysisStatus | None = None,
+    now: datetime = NOW,
+):  # type: ignore[no-untyped-def]
+    return decide_tuning(
+        sd_spec,
+        previous,
+        stable_revision="stable0001",
+        stable_tokens=(previous.applied_tokens if previous and previous.applied_tokens else 3),
+        settled=settled,
+        analysis=analysis,
+        measured=measured,
+        window="5m",
+        min_draft_tokens=2000,
+        default_cost_ratio=0.1,
+        revision_for=lambda k: f"tuned0000{k}",
+        now=now,
+    )
+
+
+def test_off_computes_nothing_and_clears_the_status() -> None:
+    tuning = tune(spec("Off"), AutotuneStatus(applied_tokens=5))
+    assert (tuning.state, tuning.tokens, tuning.events) == (None, None, ())
+
+
+def test_recommend_writes_the_recommendation_and_its_inputs_and_serves_the_spec() -> None:
+    tuning = tune(spec("Recommend"))
+    assert tuning.tokens is None and tuning.events == ()
+    state = tuning.state
+    assert state is not None and state.recommendation is not None
+    assert state.recommendation.num_speculative_tokens == 5
+    assert state.recommendation.changed
+    assert state.recommendation.predicted_gain == pytest.approx(0.1068, abs=1e-4)
+    assert state.computed_at == "2026-11-23T12:00:00Z"
+    assert state.inputs is not None
+    assert state.inputs.acceptance_per_position == [0.9, 0.8, 0.7]
+    assert (state.inputs.draft_cost_ratio, state.inputs.draft_cost_source) == (0.1, "Spec")
+    assert state.inputs.step_costs == [cost(3, 0.013).model_copy(update={"batch_size": 1.5})]
+    assert state.inputs.max_batch_size == 3
+
+
+def test_no_recommendation_from_too_few_draft_tokens() -> None:
+    few = AutotuneMeasurement(drafts=100, draft_tokens=300, accepted_per_position=(90, 80, 70))
+    state = tune(spec("Apply"), measured=few).state
+    assert state is not None and state.recommendation is None
+    assert "300 draft tokens in 5m, fewer than the 2,000" in state.message
+    assert tune(spec("Apply"), measured=few).tokens is None
+
+
+def test_without_a_measurement_the_previous_recommendation_stands() -> None:
+    first = tune(spec("Recommend")).state
+    again = tune(spec("Recommend"), first, measured=None).state
+    assert again == first
+
+
+def test_apply_rolls_out_the_recommendation_once_with_an_event() -> None:
+    tuning = tune(spec("Apply"))
+    assert tuning.tokens == 5
+    assert tuning.state is not None and tuning.state.trial_revision == "tuned00005"
+    assert tuning.state.applied_at == "2026-11-23T12:00:00Z"
+    [event] = tuning.events
+    assert event.reason == "TunedRevisionRolledOut"
+    assert "numSpeculativeTokens 3 -> 5" in event.message
+
+
+def test_apply_waits_while_a_canary_runs() -> None:
+    tuning = tune(spec("Apply"), settled=False)
+    assert tuning.tokens is None and tuning.events == ()
+    assert tuning.state is not None and tuning.state.recommendation is not None
+
+
+def test_apply_ignores_a_gain_below_min_gain() -> None:
+    tuning = tune(spec("Apply", minGain=0.2))
+    assert tuning.tokens is None and tuning.events == ()
+
+
+def promoted_at_5(now: datetime) -> AutotuneStatus:
+    state = tune(spec("Apply"), now=now).state
+    assert state is not None
+    analysis = AnalysisStatus(revision="tuned00005", started_at="x", outcome="Promote")
+    after = tune(spec("Apply"), state, measured=None, analysis=analysis, now=now)
+    assert [e.reason for e in after.events] == ["TunedRevisionPromoted"]
+    assert after.tokens == 5
+    assert after.state is not None and after.state.trial_revision is None
+    return after.state
+
+
+def test_a_promoted_tuned_k_keeps_serving_and_the_cooldown_holds_the_next_change() -> None:
+    state = promoted_at_5(NOW)
+    # Measured at k=5 now, with a bad draft: k=1 would be much better, but the cooldown (30m
+    # by default) has not passed.
+    bad = AutotuneMeasurement(
+        drafts=1000,
+        draft_tokens=5000,
+        accepted_per_position=(300, 90, 27, 8, 2),
+        step_seconds=0.015,
+    )
+    soon = tune(spec("Apply"), state, measured=bad, now=NOW + timedelta(minutes=10))
+    assert soon.tokens == 5 and soon.events == ()
+    assert soon.state is not None and soon.state.recommendation is not None
+    assert soon.state.recommendation.num_speculative_tokens == 1
+    later = tune(spec("Apply"), state, measured=bad, now=NOW + timedelta(minutes=31))
+    assert later.tokens == 1
+    assert later.state is not None and later.state.previous_tokens == 5
+
+
+def test_a_rejected_tuned_k_reverts_and_is_not_tried_again_until_the_spec_changes() -> None:
+    state = tune(spec("Apply")).state
+    rolled_back = AnalysisStatus(
+        revision="tuned00005", started_at="x", outcome="Rollback", message="latency"
+    )
+    after = tune(spec("Apply"), state, measured=None, analysis=rolled_back)
+    assert after.tokens is None, "back to the spec's k"
+    [event] = after.events
+    assert (event.reason, event.warning) == ("TunedRevisionRejected", True)
+    assert after.state is not None and after.state.rejected_tokens == [5]
+    # The same recommendation an hour later is not rolled out again...
+    hour = NOW + timedelta(hours=1)
+    again = tune(spec("Apply"), after.state, now=hour)
+    assert again.tokens is None and again.events == ()
+    assert again.state is not None and again.state.recommendation is not None
+    assert again.state.recommendation.num_speculative_tokens == 5
+    # ... until the spec names another pair (or bounds).
+    changed = spec("Apply").model_copy(deep=True)
+    changed.pair.draft.revision = "r2"
+    fresh = tune(changed, again.state, now=hour)
+    assert fresh.tokens == 5
+    assert fresh.state is not None and fresh.state.rejected_tokens == []
+
+
+def test_recommend_mode_never_serves_a_tuned_k() -> None:
+    state = tune(spec("Apply")).state
+    assert tune(spec("Recommend"), state, measured=None).tokens is None
+
+
+def test_measurement_is_due_once_per_interval_and_only_when_on() -> None:
+    state = AutotuneStatus(computed_at="2026-11-23T12:00:00Z")
+    assert not measurement_due(spec("Off"), None, "60s", NOW)
+    assert measurement_due(spec("Recommend"), None, "60s", NOW)
+    assert not measurement_due(spec("Recommend"), state, "60s", NOW + timedelta(seconds=59))
+    assert measurement_due(spec("Recommend"), state, "60s", NOW + timedelta(seconds=60))
+
+
+def test_the_autotune_block_is_not_part_of_the_revision_but_the_tuned_k_is() -> None:
+    config = OperatorConfig()
+    plain = spec("Off").model_copy(deep=True)
+    plain.pair.draft.autotune = None
+    base = revision_hash(plain, None, config)
+    assert revision_hash(tuned_spec(spec("Recommend"), None), None, config) == base
+    assert revision_hash(tuned_spec(spec("Apply", minGain=0.3), None), None, config) == base
+    assert revision_hash(tuned_spec(spec("Apply"), 3), None, config) == base
+    assert revision_hash(tuned_spec(spec("Apply"), 5), None, config) != base
