@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,6 +16,7 @@ from specdeploy.api.models import (
 )
 from specdeploy.plan.autotune import (
     AutotuneMeasurement,
+    Tuning,
     acceptance_by_position,
     choose_tokens,
     decide_tuning,
@@ -60,7 +62,7 @@ def test_extrapolation_never_exceeds_the_last_measured_conditional_acceptance() 
     # A draft perfect so far (conditional 1.0) is still not assumed perfect further on.
     assert extend_acceptance([1.0, 1.0], 4) == pytest.approx([1.0, 1.0, 0.9, 0.729])
     rates = extend_acceptance([0.9, 0.8, 0.7], 12)
-    conditionals = [b / a for a, b in zip(rates[2:], rates[3:], strict=False)]
+    conditionals = [b / a for a, b in itertools.pairwise(rates[2:])]
     assert all(c <= 0.7 / 0.8 for c in conditionals)
     assert conditionals == sorted(conditionals, reverse=True)
 
@@ -236,7 +238,7 @@ def tune(
     settled: bool = True,
     analysis: AnalysisStatus | None = None,
     now: datetime = NOW,
-):  # type: ignore[no-untyped-def]
+) -> Tuning:
     return decide_tuning(
         sd_spec,
         previous,
@@ -260,9 +262,11 @@ def test_off_computes_nothing_and_clears_the_status() -> None:
 
 def test_recommend_writes_the_recommendation_and_its_inputs_and_serves_the_spec() -> None:
     tuning = tune(spec("Recommend"))
-    assert tuning.tokens is None and tuning.events == ()
+    assert tuning.tokens is None
+    assert tuning.events == ()
     state = tuning.state
-    assert state is not None and state.recommendation is not None
+    assert state is not None
+    assert state.recommendation is not None
     assert state.recommendation.num_speculative_tokens == 5
     assert state.recommendation.changed
     assert state.recommendation.predicted_gain == pytest.approx(0.1068, abs=1e-4)
@@ -277,7 +281,8 @@ def test_recommend_writes_the_recommendation_and_its_inputs_and_serves_the_spec(
 def test_no_recommendation_from_too_few_draft_tokens() -> None:
     few = AutotuneMeasurement(drafts=100, draft_tokens=300, accepted_per_position=(90, 80, 70))
     state = tune(spec("Apply"), measured=few).state
-    assert state is not None and state.recommendation is None
+    assert state is not None
+    assert state.recommendation is None
     assert "300 draft tokens in 5m, fewer than the 2,000" in state.message
     assert tune(spec("Apply"), measured=few).tokens is None
 
@@ -291,7 +296,8 @@ def test_without_a_measurement_the_previous_recommendation_stands() -> None:
 def test_apply_rolls_out_the_recommendation_once_with_an_event() -> None:
     tuning = tune(spec("Apply"))
     assert tuning.tokens == 5
-    assert tuning.state is not None and tuning.state.trial_revision == "tuned00005"
+    assert tuning.state is not None
+    assert tuning.state.trial_revision == "tuned00005"
     assert tuning.state.applied_at == "2026-11-23T12:00:00Z"
     [event] = tuning.events
     assert event.reason == "TunedRevisionRolledOut"
@@ -300,13 +306,16 @@ def test_apply_rolls_out_the_recommendation_once_with_an_event() -> None:
 
 def test_apply_waits_while_a_canary_runs() -> None:
     tuning = tune(spec("Apply"), settled=False)
-    assert tuning.tokens is None and tuning.events == ()
-    assert tuning.state is not None and tuning.state.recommendation is not None
+    assert tuning.tokens is None
+    assert tuning.events == ()
+    assert tuning.state is not None
+    assert tuning.state.recommendation is not None
 
 
 def test_apply_ignores_a_gain_below_min_gain() -> None:
     tuning = tune(spec("Apply", minGain=0.2))
-    assert tuning.tokens is None and tuning.events == ()
+    assert tuning.tokens is None
+    assert tuning.events == ()
 
 
 def promoted_at_5(now: datetime) -> AutotuneStatus:
@@ -316,7 +325,8 @@ def promoted_at_5(now: datetime) -> AutotuneStatus:
     after = tune(spec("Apply"), state, measured=None, analysis=analysis, now=now)
     assert [e.reason for e in after.events] == ["TunedRevisionPromoted"]
     assert after.tokens == 5
-    assert after.state is not None and after.state.trial_revision is None
+    assert after.state is not None
+    assert after.state.trial_revision is None
     return after.state
 
 
@@ -331,12 +341,15 @@ def test_a_promoted_tuned_k_keeps_serving_and_the_cooldown_holds_the_next_change
         step_seconds=0.015,
     )
     soon = tune(spec("Apply"), state, measured=bad, now=NOW + timedelta(minutes=10))
-    assert soon.tokens == 5 and soon.events == ()
-    assert soon.state is not None and soon.state.recommendation is not None
+    assert soon.tokens == 5
+    assert soon.events == ()
+    assert soon.state is not None
+    assert soon.state.recommendation is not None
     assert soon.state.recommendation.num_speculative_tokens == 1
     later = tune(spec("Apply"), state, measured=bad, now=NOW + timedelta(minutes=31))
     assert later.tokens == 1
-    assert later.state is not None and later.state.previous_tokens == 5
+    assert later.state is not None
+    assert later.state.previous_tokens == 5
 
 
 def test_a_rejected_tuned_k_reverts_and_is_not_tried_again_until_the_spec_changes() -> None:
@@ -348,19 +361,23 @@ def test_a_rejected_tuned_k_reverts_and_is_not_tried_again_until_the_spec_change
     assert after.tokens is None, "back to the spec's k"
     [event] = after.events
     assert (event.reason, event.warning) == ("TunedRevisionRejected", True)
-    assert after.state is not None and after.state.rejected_tokens == [5]
+    assert after.state is not None
+    assert after.state.rejected_tokens == [5]
     # The same recommendation an hour later is not rolled out again...
     hour = NOW + timedelta(hours=1)
     again = tune(spec("Apply"), after.state, now=hour)
-    assert again.tokens is None and again.events == ()
-    assert again.state is not None and again.state.recommendation is not None
+    assert again.tokens is None
+    assert again.events == ()
+    assert again.state is not None
+    assert again.state.recommendation is not None
     assert again.state.recommendation.num_speculative_tokens == 5
     # ... until the spec names another pair (or bounds).
     changed = spec("Apply").model_copy(deep=True)
     changed.pair.draft.revision = "r2"
     fresh = tune(changed, again.state, now=hour)
     assert fresh.tokens == 5
-    assert fresh.state is not None and fresh.state.rejected_tokens == []
+    assert fresh.state is not None
+    assert fresh.state.rejected_tokens == []
 
 
 def test_recommend_mode_never_serves_a_tuned_k() -> None:

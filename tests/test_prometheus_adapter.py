@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from specdeploy.adapters.prometheus import PrometheusReader, measurement_queries
+from specdeploy.adapters.prometheus import (
+    PrometheusReader,
+    accepted_by_position,
+    autotune_queries,
+    measurement_queries,
+)
 
 
 class FakePrometheus(BaseHTTPRequestHandler):
@@ -85,3 +90,30 @@ def test_unreachable_prometheus_is_a_measurement_with_the_error() -> None:
     assert measured.error is not None
     assert "127.0.0.1:9" in measured.error
     assert measured.acceptance_rate is None
+
+
+def test_autotune_queries_read_the_per_position_counters_by_position() -> None:
+    queries = autotune_queries("serving", "abc123", "5m")
+    selector = '{namespace="serving",specdeploy_dev_revision="abc123"}'
+    assert queries["accepted_per_position"] == (
+        "sum by (position) (increase("
+        f"vllm:spec_decode_num_accepted_tokens_per_pos_total{selector}[5m]))"
+    )
+    assert queries["drafts"] == f"sum(increase(vllm:spec_decode_num_drafts_total{selector}[5m]))"
+    assert queries["step_seconds"] == (
+        f"sum(increase(vllm:inter_token_latency_seconds_sum{selector}[5m])) / "
+        f"sum(increase(vllm:inter_token_latency_seconds_count{selector}[5m]))"
+    )
+    assert (
+        queries["mean_batch_size"] == f"avg(avg_over_time(vllm:num_requests_running{selector}[5m]))"
+    )
+
+
+def test_per_position_answers_are_ordered_by_position_with_gaps_as_zero() -> None:
+    result = [
+        {"metric": {"position": "2"}, "value": [0, "30"]},
+        {"metric": {"position": "0"}, "value": [0, "80"]},
+        {"metric": {"position": "3"}, "value": [0, "NaN"]},
+    ]
+    assert accepted_by_position(result) == (80.0, 0.0, 30.0)
+    assert accepted_by_position([]) == ()

@@ -21,11 +21,17 @@ from requests.exceptions import RequestException
 from urllib3.util.retry import Retry
 
 from specdeploy.plan.analysis import Measurement
+from specdeploy.plan.autotune import AutotuneMeasurement
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds_bucket"
+INTER_TOKEN_LATENCY_SUM = "vllm:inter_token_latency_seconds_sum"
+INTER_TOKEN_LATENCY_COUNT = "vllm:inter_token_latency_seconds_count"
+# One series per draft position (label `position`, "0" to k-1), as many as the pods' k.
+ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+RUNNING = "vllm:num_requests_running"
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds_bucket"
 REVISION_LABEL = "specdeploy_dev_revision"
 DEFAULT_TIMEOUT_SECONDS = 5
@@ -58,6 +64,46 @@ def measurement_queries(namespace: str, revision: str, window: str) -> dict[str,
     }
 
 
+def autotune_queries(namespace: str, revision: str, window: str) -> dict[str, str]:
+    """The PromQL of the autotuner's inputs, for one revision over `window`.
+
+    All but `accepted_per_position` (a vector by position) are single numbers. The step time is
+    the mean inter-token latency (sum over count), which vLLM observes once per decode step of
+    each sequence; the batch sizes are the running sequences per pod, averaged over the pods.
+    """
+    selector = _selector(namespace, revision)
+
+    def increase(metric: str) -> str:
+        return f"sum(increase({metric}{selector}[{window}]))"
+
+    return {
+        "drafts": increase(DRAFTS),
+        "draft_tokens": increase(DRAFT_TOKENS),
+        "accepted_per_position": (
+            f"sum by (position) (increase({ACCEPTED_PER_POSITION}{selector}[{window}]))"
+        ),
+        "step_seconds": (
+            f"{increase(INTER_TOKEN_LATENCY_SUM)} / {increase(INTER_TOKEN_LATENCY_COUNT)}"
+        ),
+        "mean_batch_size": f"avg(avg_over_time({RUNNING}{selector}[{window}]))",
+        "max_batch_size": f"max(max_over_time({RUNNING}{selector}[{window}]))",
+    }
+
+
+def accepted_by_position(result: list[dict[str, Any]]) -> tuple[float, ...]:
+    """The per-position vector of a `sum by (position)` answer, position 0 first; positions
+    missing in between (no sample in the window) count 0."""
+    found: dict[int, float] = {}
+    for series in result:
+        position = series.get("metric", {}).get("position")
+        value = float(series["value"][1])
+        if position is not None and str(position).isdigit() and not math.isnan(value):
+            found[int(position)] = value
+    if not found:
+        return ()
+    return tuple(found.get(i, 0.0) for i in range(max(found) + 1))
+
+
 class PrometheusReader:
     """Reads measurements from one Prometheus; one attempt per query, short timeouts."""
 
@@ -68,11 +114,15 @@ class PrometheusReader:
             url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout
         )
 
-    def _instant(self, query: str) -> float | None:
+    def _vector(self, query: str) -> list[dict[str, Any]]:
         try:
             result: list[dict[str, Any]] = self.client.custom_query(query)
         except (PrometheusApiClientException, RequestException, ValueError) as error:
             raise PrometheusUnavailableError(f"{self.url}: {query}: {error}") from error
+        return result
+
+    def _instant(self, query: str) -> float | None:
+        result = self._vector(query)
         if not result:
             return None
         value = float(result[0]["value"][1])
@@ -91,4 +141,22 @@ class PrometheusReader:
             draft_tokens=found["draft_tokens"] or 0.0,
             inter_token_latency_p50=found["inter_token_latency_p50"],
             time_to_first_token_p50=found["time_to_first_token_p50"],
+        )
+
+    def measure_autotune(self, namespace: str, revision: str, window: str) -> AutotuneMeasurement:
+        """The autotuner's inputs for the revision over `window`; a failed query is an
+        AutotuneMeasurement with `error`."""
+        queries = autotune_queries(namespace, revision, window)
+        try:
+            per_position = accepted_by_position(self._vector(queries.pop("accepted_per_position")))
+            found = {name: self._instant(query) for name, query in queries.items()}
+        except PrometheusUnavailableError as error:
+            return AutotuneMeasurement(error=str(error))
+        return AutotuneMeasurement(
+            drafts=found["drafts"] or 0.0,
+            draft_tokens=found["draft_tokens"] or 0.0,
+            accepted_per_position=per_position,
+            step_seconds=found["step_seconds"],
+            mean_batch_size=found["mean_batch_size"],
+            max_batch_size=found["max_batch_size"],
         )

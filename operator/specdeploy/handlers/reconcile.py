@@ -28,6 +28,7 @@ from specdeploy.api.conditions import Reason
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SpeculativeDeployment, SpeculativeDeploymentStatus
 from specdeploy.plan.analysis import RFC3339, Measurement
+from specdeploy.plan.autotune import AutotuneMeasurement, measurement_due
 from specdeploy.plan.children import RECORD_API_VERSION, RECORD_KIND
 from specdeploy.plan.decide import Decision, Snapshot, decide, watches_acceptance
 from specdeploy.plan.gpu_catalog import catalog_for_config
@@ -46,6 +47,8 @@ EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 
 # (namespace, revision, window) -> what Prometheus measured of the revision's pods.
 Measure = Callable[[str, str, str], Measurement]
+# (namespace, revision, window) -> the autotuner's inputs for the revision's pods.
+MeasureAutotune = Callable[[str, str, str], AutotuneMeasurement]
 
 
 class Reconciler:
@@ -58,13 +61,16 @@ class Reconciler:
         post_event: EventPoster,
         *,
         measure: Measure | None = None,
+        measure_autotune: MeasureAutotune | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: OperatorMetrics | None = None,
     ) -> None:
         self.kube = kube
         self.config = config
         self.post_event = post_event
-        self.measure = measure or PrometheusReader(config.prometheus_url).measure
+        reader = PrometheusReader(config.prometheus_url)
+        self.measure = measure or reader.measure
+        self.measure_autotune = measure_autotune or reader.measure_autotune
         self.clock = clock
         self.metrics = metrics or OperatorMetrics()
         self.catalog = catalog_for_config(config)
@@ -167,7 +173,21 @@ class Reconciler:
             ),
             fetched_shapes=self._fetched_shapes(sd),
             measurements=self._measurements(sd, deployments),
+            autotune=self._autotune_measurement(sd),
         )
+
+    def _autotune_measurement(self, sd: SpeculativeDeployment) -> AutotuneMeasurement | None:
+        """The stable revision's speculation figures, when spec.pair.draft.autotune is on and
+        its last recommendation is an analysis interval old (see plan.autotune)."""
+        status = sd.status
+        stable = status.stable_revision if status else None
+        settings = self.config.analysis_for(sd.spec.rollout.analysis)
+        previous = status.autotune if status else None
+        if stable is None or not measurement_due(
+            sd.spec, previous, settings.interval, self.clock()
+        ):
+            return None
+        return self.measure_autotune(sd.metadata.namespace or "", stable, settings.window)
 
     def _measurements(
         self, sd: SpeculativeDeployment, deployments: list[dict[str, Any]]

@@ -511,6 +511,27 @@ def decide_tuning(
     )
 
 
+def served_tokens(
+    spec: SpeculativeDeploymentSpec,
+    previous: AutotuneStatus | None,
+    stable: str | None,
+    revision_for: Callable[[int], str | None],
+) -> int | None:
+    """The k the stable revision serves, when it serves this spec's pair with the spec's k or
+    one the autotuner chose (the revision of that k is the stable one); None otherwise, e.g.
+    while an older pair still serves or speculation is off."""
+    tune = spec.pair.draft.autotune
+    if stable is None or tune is None:
+        return None
+    known = [previous.applied_tokens, previous.previous_tokens] if previous else []
+    candidates = [spec.pair.draft.num_speculative_tokens, *known]
+    candidates += range(tune.min_tokens, tune.max_tokens + 1)
+    return next(
+        (k for k in dict.fromkeys(candidates) if k is not None and revision_for(k) == stable),
+        None,
+    )
+
+
 def tune_deployment(
     sd: SpeculativeDeployment,
     measured: AutotuneMeasurement | None,
@@ -521,16 +542,14 @@ def tune_deployment(
     """decide_tuning with its inputs read from the SD's spec and recorded status."""
     status = sd.status
     stable = status.stable_revision if status else None
-    record = next((r for r in status.revisions if r.revision == stable), None) if status else None
+    previous = status.autotune if status else None
     stable_tokens = (
-        record.draft.num_speculative_tokens
-        if record is not None and record.draft.method != "none"
-        else None
+        served_tokens(sd.spec, previous, stable, revision_for) if measured is not None else None
     )
     collapsed = bool(status and status.collapse and status.collapse.triggered)
     return decide_tuning(
         sd.spec,
-        status.autotune if status else None,
+        previous,
         stable_revision=stable,
         stable_tokens=stable_tokens,
         settled=stable is not None

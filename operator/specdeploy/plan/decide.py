@@ -35,6 +35,7 @@ from specdeploy.plan.analysis import (
     duration_seconds,
     judge_canary,
 )
+from specdeploy.plan.autotune import AutotuneMeasurement, tune_deployment, tuned_spec
 from specdeploy.plan.children import (
     build_pod_monitor,
     build_revision_deployment,
@@ -90,6 +91,8 @@ class Snapshot:
     fetched_shapes: Mapping[str, ModelShape] = field(default_factory=dict)
     #: What Prometheus measured of each revision with ready pods (when it is read at all).
     measurements: Mapping[str, Measurement] = field(default_factory=dict)
+    #: The stable revision's speculation figures, when the autotuner is due to recommend.
+    autotune: AutotuneMeasurement | None = None
 
 
 @dataclass(frozen=True)
@@ -214,15 +217,16 @@ def serve_pair(
     fetched_shapes: Mapping[str, ModelShape],
     known_devices: Sequence[GpuNodeInventory] = (),
     existing: Collection[str] = (),
+    tokens: int | None = None,
 ) -> ServedPair:
     """The served spec, what one replica of it runs on, and the revision those pods make.
 
     `known_devices` (every node, cordoned ones too) and `existing` (the revisions that have
     Deployments) keep a serving revision's device: a node cordoned, drained or added changes the
     inventory, not the pair, so a revision that exists keeps its device while some known node
-    still gives it.
+    still gives it. `tokens` is the autotuned speculation length (None: the spec's own).
     """
-    served = sd.model_copy(update={"spec": served_spec(sd.spec, speculation)})
+    served = sd.model_copy(update={"spec": served_spec(tuned_spec(sd.spec, tokens), speculation)})
     sized = size_pair(served.spec, inventory, config, catalog, fetched_shapes)
     previous = sd.status.sizing if sd.status else None
     if previous is not None and existing:
@@ -260,7 +264,7 @@ def decide(
     revisions = [r for r in found if r is not None]
     existing = {r.revision for r in revisions}
 
-    def serve(speculation: SpeculationStatus) -> ServedPair:
+    def serve(speculation: SpeculationStatus, tokens: int | None) -> ServedPair:
         return serve_pair(
             sd,
             speculation,
@@ -270,11 +274,20 @@ def decide(
             fetched_shapes=snapshot.fetched_shapes,
             known_devices=known_devices,
             existing=existing,
+            tokens=tokens,
         )
 
     # The pair the spec names, and the collapse guard watching it while it serves.
     speculation = decide_speculation(spec, config)
-    served, sized, desired_revision = serve(speculation)
+    # The autotuner (spec.pair.draft.autotune) may serve a tuned k in place of the spec's.
+    tuning = tune_deployment(
+        sd,
+        snapshot.autotune,
+        settings,
+        lambda k: serve(speculation, k)[2] if speculation.state == "Enabled" else None,
+        now,
+    )
+    served, sized, desired_revision = serve(speculation, tuning.tokens)
     pair_revision = desired_revision if speculation.state == "Enabled" else None
     recorded_stable = status.stable_revision if status else None
     guard = watch_collapse(
@@ -292,7 +305,7 @@ def decide(
         speculation = decide_speculation(spec, config, collapsed=True).model_copy(
             update={"message": f"{guard.state.message}; resume: see status.collapse"}
         )
-        served, sized, desired_revision = serve(speculation)
+        served, sized, desired_revision = serve(speculation, tuning.tokens)
     sizing = sized if isinstance(sized, SizingDecision) else None
 
     has_draft = served.spec.pair.draft.method != "none"
@@ -392,6 +405,7 @@ def decide(
         measurements=snapshot.measurements,
         figures_every_seconds=duration_seconds(settings.interval),
         collapse=guard,
+        autotune=tuning.state,
     )
     desired_status = build_status(sd, seen, stamp)
     current_status = snapshot.body.get("status") or {}
@@ -400,6 +414,7 @@ def decide(
         *_analysis_events(judgement, canary, stable),
         *pair.events,
         *guard.events,
+        *tuning.events,
         *children.events,
         *condition_events(current_status.get("conditions") or [], desired_status["conditions"]),
     )

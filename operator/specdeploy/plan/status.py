@@ -15,6 +15,7 @@ from typing import Any
 from specdeploy.api.conditions import ConditionType, Phase, Reason, RevisionPhase
 from specdeploy.api.models import (
     AnalysisStatus,
+    AutotuneStatus,
     RevisionDraft,
     RevisionStatus,
     RevisionTarget,
@@ -80,6 +81,7 @@ class ObservedRollout:
     #: How often the serving figures (acceptance rate, mean acceptance length) are refreshed.
     figures_every_seconds: float = 60.0
     collapse: GuardVerdict = field(default_factory=lambda: GuardVerdict(state=None))
+    autotune: AutotuneStatus | None = None
 
     @property
     def analysis(self) -> AnalysisStatus | None:
@@ -400,6 +402,7 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
         ),
         analysis=seen.canary.state,
         collapse=seen.collapse.state,
+        autotune=seen.autotune,
         acceptance_rate=acceptance,
         mean_acceptance_length=length,
         measured_at=measured_at,
@@ -419,6 +422,7 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
         "canaryRevision",
         "analysis",
         "collapse",
+        "autotune",
         "acceptanceRate",
         "meanAcceptanceLength",
         "measuredAt",

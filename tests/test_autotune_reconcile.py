@@ -1,0 +1,166 @@
+"""The autotuner through the reconcile: the in-memory API, a scripted clock and measurements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdeploy.api.config import OperatorConfig
+from specdeploy.handlers.reconcile import Reconciler
+from specdeploy.plan.analysis import Measurement
+from specdeploy.plan.autotune import AutotuneMeasurement
+from test_canary import GOOD, NOTHING, World
+
+# The stable serves k=3 (sd_body); 1000 drafts accepted 0.9, 0.8, 0.7 at positions 0-2, a 13 ms
+# step: with draftCostRatio 0.1 and maxTokens 5 the model predicts k=5 +10.7 % (test_autotune).
+WELL_PREDICTED = AutotuneMeasurement(
+    drafts=1000, draft_tokens=3000, accepted_per_position=(900, 800, 700), step_seconds=0.013
+)
+
+
+class TunedWorld(World):
+    def __init__(self, mode: str) -> None:
+        self.tuning_measured: dict[str, AutotuneMeasurement] = {}
+        self.autotune_reads: list[str] = []
+        super().__init__()
+        draft = self.sd["spec"]["pair"]["draft"]
+        draft["autotune"] = {"mode": mode, "maxTokens": 5, "draftCostRatio": 0.1}
+
+    @property
+    def sd(self) -> dict[str, Any]:
+        found: dict[str, Any] = self.kube.objects[("SpeculativeDeployment", "ns", "chat")]
+        return found
+
+    def restart(self) -> Reconciler:
+        self.reconciler = Reconciler(
+            self.kube,  # type: ignore[arg-type]
+            OperatorConfig(),
+            lambda _b, type_, reason, message: self.events.append((type_, reason, message)),
+            measure=lambda _ns, revision, _window: self.measured.get(revision, NOTHING),
+            measure_autotune=self._measure_autotune,
+            clock=lambda: self.now,
+        )
+        return self.reconciler
+
+    def _measure_autotune(self, _ns: str, revision: str, _window: str) -> AutotuneMeasurement:
+        self.autotune_reads.append(revision)
+        return self.tuning_measured.get(revision, AutotuneMeasurement())
+
+    def reasons(self) -> list[str]:
+        return [reason for _, reason, _ in self.events]
+
+
+def speculative_config(world: World, revision: str) -> str:
+    """The --speculative-config the revision's pods are started with."""
+    deployment = world.kube.objects[("Deployment", "ns", f"chat-{revision}")]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    args: list[str] = container["args"]
+    return args[args.index("--speculative-config") + 1].replace(" ", "")
+
+
+def test_recommend_writes_status_autotune_and_changes_nothing_else() -> None:
+    world = TunedWorld("Recommend")
+    world.step()
+    stable = world.status["stableRevision"]
+    world.measured = {stable: GOOD}
+    world.tuning_measured = {stable: WELL_PREDICTED}
+    world.step(10)
+    world.step(10)
+
+    tuned = world.status["autotune"]
+    assert tuned["recommendation"]["numSpeculativeTokens"] == 5
+    assert tuned["recommendation"]["changed"] is True
+    assert tuned["inputs"]["revision"] == stable
+    assert tuned["inputs"]["acceptancePerPosition"] == [0.9, 0.8, 0.7]
+    assert world.replicas() == {stable: 2}, "Recommend starts no revision"
+    assert world.status["stableRevision"] == stable
+    assert "TunedRevisionRolledOut" not in world.reasons()
+    # At most once per analysis interval (10s here): four reconciles in 20 s, two reads.
+    assert world.autotune_reads == [stable, stable]
+
+
+def test_turning_recommend_on_is_no_new_revision() -> None:
+    world = World()
+    world.step()
+    stable = world.status["stableRevision"]
+    sd = world.kube.objects[("SpeculativeDeployment", "ns", "chat")]
+    sd["spec"]["pair"]["draft"]["autotune"] = {"mode": "Recommend"}
+    sd["metadata"]["generation"] += 1
+    world.step(10)
+    assert world.replicas() == {stable: 2}
+    assert world.status["stableRevision"] == stable
+
+
+def test_apply_rolls_a_tuned_revision_through_the_canary_and_promotes_it() -> None:
+    world = TunedWorld("Apply")
+    world.step()
+    stable = world.status["stableRevision"]
+    world.measured = {stable: GOOD}
+    world.tuning_measured = {stable: WELL_PREDICTED}
+    world.step(10)
+
+    canary = world.status["canaryRevision"]
+    assert canary is not None
+    assert canary != stable
+    assert world.status["autotune"]["trialRevision"] == canary
+    assert world.status["autotune"]["appliedTokens"] == 5
+    assert world.replicas() == {stable: 2, canary: 1}
+    assert '"num_speculative_tokens":5' in speculative_config(world, canary)
+    assert '"num_speculative_tokens":3' in speculative_config(world, stable)
+    assert "TunedRevisionRolledOut" in world.reasons()
+
+    world.measured = {stable: GOOD, canary: GOOD}
+    world.step(10)
+    world.step(10)
+    world.step(10)
+    assert world.status["stableRevision"] == canary
+    assert world.replicas() == {stable: 0, canary: 2}
+    assert world.reasons().count("TunedRevisionPromoted") == 1
+    assert world.status["autotune"].get("trialRevision") is None
+    # The tuned k serves on; the recommendation now measured at k=5 is to keep it.
+    world.tuning_measured = {
+        canary: AutotuneMeasurement(
+            drafts=1000,
+            draft_tokens=5000,
+            accepted_per_position=(900, 800, 700, 551, 391),
+            step_seconds=0.015,
+        )
+    }
+    world.step(10)
+    assert world.status["autotune"]["recommendation"]["numSpeculativeTokens"] == 5
+    assert world.status["autotune"]["recommendation"]["changed"] is False
+    assert world.reasons().count("TunedRevisionRolledOut") == 1
+
+
+def test_a_tuned_revision_the_canary_rejects_is_rolled_back_and_not_retried() -> None:
+    world = TunedWorld("Apply")
+    world.step()
+    stable = world.status["stableRevision"]
+    world.measured = {stable: GOOD}
+    world.tuning_measured = {stable: WELL_PREDICTED}
+    world.step(10)
+    canary = world.status["canaryRevision"]
+    # The longer k is slower in fact: its inter-token latency fails the canary.
+    slow = Measurement(
+        acceptance_rate=0.8,
+        mean_acceptance_length=3.2,
+        draft_tokens=2412,
+        inter_token_latency_p50=0.05,
+    )
+    world.measured = {
+        stable: Measurement(**{**GOOD.__dict__, "inter_token_latency_p50": 0.02}),
+        canary: slow,
+    }
+    for _ in range(4):
+        world.step(10)
+    assert "TunedRevisionRejected" in world.reasons()
+    assert world.status["autotune"]["rejectedTokens"] == [5]
+    assert world.status["stableRevision"] == stable
+    assert world.replicas().get(canary, 0) == 0
+    assert world.replicas()[stable] == 2
+    # An hour on, the same recommendation is not rolled out again.
+    world.now = world.now.replace(hour=world.now.hour + 1)
+    for _ in range(3):
+        world.step(10)
+    assert world.reasons().count("TunedRevisionRolledOut") == 1
+    assert world.status["autotune"]["recommendation"]["numSpeculativeTokens"] == 5
+    assert world.replicas()[stable] == 2
