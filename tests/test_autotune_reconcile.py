@@ -11,7 +11,8 @@ from specdeploy.plan.autotune import AutotuneMeasurement
 from test_canary import GOOD, NOTHING, World
 
 # The stable serves k=3 (sd_body); 1000 drafts accepted 0.9, 0.8, 0.7 at positions 0-2, a 13 ms
-# step: with draftCostRatio 0.1 and maxTokens 5 the model predicts k=5 +10.7 % (test_autotune).
+# step: with draftCostRatio 0.1 and maxTokens 5 the model predicts k=5, +10.7 % (see
+# test_autotune_model).
 WELL_PREDICTED = AutotuneMeasurement(
     drafts=1000, draft_tokens=3000, accepted_per_position=(900, 800, 700), step_seconds=0.013
 )

@@ -1,0 +1,209 @@
+"""The speculation-length autotuner with real engines, the real Prometheus and the real canary.
+
+One operator and one SD of the tiny pair (draft-small, k=3, which the target's own text makes
+predictable), judged every 10 s over a 20 s window. In Recommend mode, under load, the SD gets
+status.autotune from the real per-position counters and nothing else changes; switched to
+Apply, the recommendation becomes a tuned revision that the canary judges and promotes. At
+most two engines run at once (the stable and the tuned canary).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_cluster import (
+    OperatorProcess,
+    apply_crds,
+    condition,
+    events_of,
+    get_sd,
+    operator_config,
+    revision_pods,
+    tiny_sd,
+)
+from engine_harness import engine_python, tiny_models
+from load import CompletionLoad
+from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+
+pytestmark = [pytest.mark.e2e, pytest.mark.engine]
+
+__all__ = ["engine_python", "tiny_models"]  # session fixtures used here
+
+SD = "tuned"
+ENGINE_READY_S = 420
+ANALYSIS = {
+    "interval": "10s",
+    "window": "20s",
+    "minDraftTokens": 60,
+    "minAcceptanceRate": 0.5,
+    "maxDropVsStable": 0.3,
+    # Two engines share two cores here: latency is too noisy for a 1.10 bound in this test.
+    "maxLatencyIncrease": 3.0,
+    "failureLimit": 2,
+    "promoteAfter": 2,
+    "onInconclusive": "Hold",
+}
+
+
+def tuned_sd(namespace: str, models: dict[str, str], autotune: dict[str, Any]) -> dict[str, Any]:
+    body = tiny_sd(SD, namespace, models, "draft-small", "1-small")
+    body["spec"]["pair"]["draft"]["autotune"] = autotune
+    body["spec"]["rollout"] = {"canary": {"replicas": 1}, "analysis": dict(ANALYSIS)}
+    return body
+
+
+def status_of(kubectl: Kubectl, namespace: str) -> dict[str, Any]:
+    done = kubectl.run("get", "sd", SD, "-n", namespace, "-o", "json", check=False)
+    if done.returncode != 0:
+        return {}
+    found: dict[str, Any] = json.loads(done.stdout).get("status") or {}
+    return found
+
+
+def deployments_of(kubectl: Kubectl, namespace: str) -> dict[str, int]:
+    items = kubectl.get_json("deployments", "-n", namespace, "-l", f"specdeploy.dev/name={SD}")
+    return {d["metadata"]["name"]: d["spec"]["replicas"] for d in items["items"]}
+
+
+def speculative_tokens(kubectl: Kubectl, namespace: str, revision: str) -> set[int]:
+    """num_speculative_tokens of the revision's pods, read from their --speculative-config."""
+    found = set()
+    for pod in revision_pods(kubectl, namespace, SD, revision):
+        args = pod["spec"]["containers"][0]["args"]
+        config = json.loads(args[args.index("--speculative-config") + 1])
+        found.add(config["num_speculative_tokens"])
+    return found
+
+
+def wait_serving(kubectl: Kubectl, namespace: str, other_than: str | None = None) -> str:
+    def serving() -> str | None:
+        sd = get_sd(kubectl, namespace, SD)
+        stable = (sd.get("status") or {}).get("stableRevision")
+        ready = condition(sd, "Ready").get("status") == "True"
+        return stable if ready and stable and stable != other_than else None
+
+    found: str = eventually(serving, ENGINE_READY_S, f"SD {SD} Ready")
+    return found
+
+
+@pytest.fixture(scope="module")
+def namespace(kubectl: Kubectl) -> str:
+    name = f"e2e-autotune-{uuid.uuid4().hex[:5]}"
+    create_namespace_with_queues(kubectl, name)
+    apply_crds(kubectl)
+    return name
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: ClusterEnv,
+    kubectl: Kubectl,
+    engine_python: Path,
+    namespace: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    config = operator_config(str(engine_python), cluster.prometheus_url, interval=2)
+    running = OperatorProcess(
+        cluster.kubeconfig, config, tmp_path_factory.mktemp("operator"), (namespace,)
+    )
+    running.start()
+    try:
+        yield running
+    finally:
+        kubectl.run(
+            "delete", "sd", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=100
+        )
+        running.stop()
+        kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
+        print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
+
+
+def load(cluster: ClusterEnv, kubectl: Kubectl, namespace: str, models: dict[str, str]) -> Any:
+    return CompletionLoad(kubectl, namespace, SD, models["target"], cluster)
+
+
+def test_recommend_writes_status_autotune_from_real_counters_and_changes_nothing_else(
+    cluster: ClusterEnv,
+    kubectl: Kubectl,
+    namespace: str,
+    tiny_models: dict[str, str],
+    operator: OperatorProcess,
+) -> None:
+    kubectl.apply([tuned_sd(namespace, tiny_models, {"mode": "Recommend", "maxTokens": 6})])
+    stable = wait_serving(kubectl, namespace)
+
+    def recommended() -> dict[str, Any] | None:
+        tuned = status_of(kubectl, namespace).get("autotune") or {}
+        return tuned if tuned.get("recommendation") else None
+
+    with load(cluster, kubectl, namespace, tiny_models) as sent:
+        tuned = eventually(recommended, 180, "status.autotune.recommendation")
+    print(f"\nrecommend: {json.dumps(tuned, indent=1)}\nload {sent.sent}")
+
+    inputs = tuned["inputs"]
+    assert inputs["revision"] == stable
+    assert inputs["numSpeculativeTokens"] == 3
+    # vLLM exports one per-position counter per speculative token: three here, each a
+    # probability that never rises with the position.
+    per_position = inputs["acceptancePerPosition"]
+    assert len(per_position) == 3, inputs
+    assert 0 < per_position[-1] <= per_position[0] <= 1, inputs
+    assert inputs["draftTokens"] >= 60
+    assert inputs["drafts"] * 3 == pytest.approx(inputs["draftTokens"], rel=0.05)
+    [cost] = inputs["stepCosts"]
+    assert cost["numSpeculativeTokens"] == 3
+    assert 0 < cost["stepSeconds"] < 5
+    assert inputs["maxBatchSize"] >= 1
+    assert inputs["draftCostSource"] == "OperatorDefault"
+    recommendation = tuned["recommendation"]
+    assert 1 <= recommendation["numSpeculativeTokens"] <= 6
+    assert recommendation["predictedTokensPerSecond"] > 0
+    # Recommend changes nothing but the status: the same single revision serves.
+    status = status_of(kubectl, namespace)
+    assert status["stableRevision"] == stable
+    assert status.get("canaryRevision") is None
+    assert deployments_of(kubectl, namespace) == {f"{SD}-{stable}": 1}
+    assert speculative_tokens(kubectl, namespace, stable) == {3}
+    reasons = {e["reason"] for e in events_of(kubectl, namespace, SD)}
+    assert not {r for r in reasons if r.startswith("TunedRevision")}, reasons
+
+
+def test_apply_rolls_the_recommendation_out_through_the_canary_and_promotes_it(
+    cluster: ClusterEnv,
+    kubectl: Kubectl,
+    namespace: str,
+    tiny_models: dict[str, str],
+    operator: OperatorProcess,
+) -> None:
+    # A cheap draft (draftCostRatio 0.02) that the prompts make predictable: longer drafts pay.
+    autotune = {"mode": "Apply", "maxTokens": 6, "minGain": 0.02, "draftCostRatio": 0.02}
+    if not status_of(kubectl, namespace).get("stableRevision"):  # run alone
+        kubectl.apply([tuned_sd(namespace, tiny_models, {"mode": "Recommend"})])
+    stable = wait_serving(kubectl, namespace)
+    with load(cluster, kubectl, namespace, tiny_models):
+        kubectl.apply([tuned_sd(namespace, tiny_models, autotune)])
+        promoted = wait_serving(kubectl, namespace, other_than=stable)
+    status = status_of(kubectl, namespace)
+    tuned = status["autotune"]
+    print(f"\napply: {json.dumps(tuned, indent=1)}")
+    k = tuned["appliedTokens"]
+    assert k != 3
+    assert speculative_tokens(kubectl, namespace, promoted) == {k}
+    assert status["analysis"]["revision"] == promoted
+    assert status["analysis"]["outcome"] == "Promote"
+    events = events_of(kubectl, namespace, SD)
+    reasons = [e["reason"] for e in events]
+    assert reasons.count("TunedRevisionRolledOut") == 1, reasons
+    assert "TunedRevisionPromoted" in reasons
+    assert "CanaryPromoted" in reasons
+    eventually(
+        lambda: deployments_of(kubectl, namespace).get(f"{SD}-{stable}") == 0,
+        120,
+        "the untuned revision scaled down",
+    )
