@@ -37,6 +37,9 @@ __all__ = ["engine_python", "tiny_models"]  # session fixtures used here
 
 SD = "tuned"
 ENGINE_READY_S = 420
+# A tuned revision: a second engine starting beside the first on a shared machine, then two
+# passing verdicts.
+TUNED_PROMOTED_S = 900
 ANALYSIS = {
     "interval": "10s",
     "window": "20s",
@@ -81,14 +84,16 @@ def speculative_tokens(kubectl: Kubectl, namespace: str, revision: str) -> set[i
     return found
 
 
-def wait_serving(kubectl: Kubectl, namespace: str, other_than: str | None = None) -> str:
+def wait_serving(
+    kubectl: Kubectl, namespace: str, other_than: str | None = None, timeout: float = ENGINE_READY_S
+) -> str:
     def serving() -> str | None:
         sd = get_sd(kubectl, namespace, SD)
         stable = (sd.get("status") or {}).get("stableRevision")
         ready = condition(sd, "Ready").get("status") == "True"
         return stable if ready and stable and stable != other_than else None
 
-    found: str = eventually(serving, ENGINE_READY_S, f"SD {SD} Ready")
+    found: str = eventually(serving, timeout, f"SD {SD} Ready")
     return found
 
 
@@ -188,7 +193,7 @@ def test_apply_rolls_the_recommendation_out_through_the_canary_and_promotes_it(
     stable = wait_serving(kubectl, namespace)
     with load(cluster, kubectl, namespace, tiny_models):
         kubectl.apply([tuned_sd(namespace, tiny_models, autotune)])
-        promoted = wait_serving(kubectl, namespace, other_than=stable)
+        promoted = wait_serving(kubectl, namespace, other_than=stable, timeout=TUNED_PROMOTED_S)
     status = status_of(kubectl, namespace)
     tuned = status["autotune"]
     print(f"\napply: {json.dumps(tuned, indent=1)}")

@@ -255,8 +255,8 @@ def _step_costs(
         kept.append(
             AutotuneStepCost(
                 num_speculative_tokens=tokens,
-                step_seconds=measured.step_seconds,
-                batch_size=measured.mean_batch_size,
+                step_seconds=round(measured.step_seconds, 6),
+                batch_size=_rounded(measured.mean_batch_size),
             )
         )
     return sorted(kept, key=lambda c: c.num_speculative_tokens)[:MAX_STEP_COSTS]
