@@ -29,6 +29,7 @@ from engine_cluster import (
 )
 from engine_harness import engine_python, tiny_models
 from load import CompletionLoad
+from test_canary_engine import ANALYSIS, ENGINE_READY_S
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
@@ -36,22 +37,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 __all__ = ["engine_python", "tiny_models"]  # session fixtures used here
 
 SD = "tuned"
-ENGINE_READY_S = 420
 # A tuned revision: a second engine starting beside the first on a shared machine, then two
 # passing verdicts.
 TUNED_PROMOTED_S = 900
-ANALYSIS = {
-    "interval": "10s",
-    "window": "20s",
-    "minDraftTokens": 60,
-    "minAcceptanceRate": 0.5,
-    "maxDropVsStable": 0.3,
-    # Two engines share two cores here: latency is too noisy for a 1.10 bound in this test.
-    "maxLatencyIncrease": 3.0,
-    "failureLimit": 2,
-    "promoteAfter": 2,
-    "onInconclusive": "Hold",
-}
 
 
 def tuned_sd(namespace: str, models: dict[str, str], autotune: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from specdeploy.api.models import (
 )
 from specdeploy.plan.autotune import (
     AutotuneMeasurement,
+    Prediction,
     Tuning,
     acceptance_by_position,
     choose_tokens,
@@ -82,19 +83,34 @@ def test_tokens_per_second_divides_by_the_step_cost() -> None:
 GOOD_RATES = [0.9, 0.8, 0.7]  # measured at k=3
 
 
+def choose(rates: list[float] = GOOD_RATES, **overrides: float) -> Prediction:
+    """choose_tokens for the hand-worked case: measured at k=3, a 13 ms step, r = 0.1,
+    k in 1..5, minGain 5 %; `overrides` change any of it."""
+    settings: dict[str, float] = {
+        "current_tokens": 3,
+        "step_seconds": 0.013,
+        "cost_ratio": 0.1,
+        "min_tokens": 1,
+        "max_tokens": 5,
+        "min_gain": 0.05,
+    }
+    settings.update(overrides)
+    return choose_tokens(
+        rates,
+        current_tokens=int(settings["current_tokens"]),
+        step_seconds=settings["step_seconds"],
+        cost_ratio=settings["cost_ratio"],
+        min_tokens=int(settings["min_tokens"]),
+        max_tokens=int(settings["max_tokens"]),
+        min_gain=settings["min_gain"],
+    )
+
+
 def test_a_draft_that_predicts_well_gets_a_longer_k_than_measured() -> None:
     # Measured at k=3 with a 13 ms step and r = 0.1: t0 = 0.013 / 1.3 = 10 ms.
     # E(1..5) = 1.9, 2.7, 3.4, 3.95125 (a_3 = 0.7 * 0.7875), 4.34194844 (a_4 = 0.55125 *
     # 0.70875); tokens/s = E / (0.01 * (1 + 0.1 k)) = 172.73, 225.0, 261.54, 282.23, 289.46.
-    prediction = choose_tokens(
-        GOOD_RATES,
-        current_tokens=3,
-        step_seconds=0.013,
-        cost_ratio=0.1,
-        min_tokens=1,
-        max_tokens=5,
-        min_gain=0.05,
-    )
+    prediction = choose()
     assert prediction.by_tokens == pytest.approx(
         {1: 172.7273, 2: 225.0, 3: 261.5385, 4: 282.2321, 5: 289.4632}, rel=1e-5
     )
@@ -104,29 +120,13 @@ def test_a_draft_that_predicts_well_gets_a_longer_k_than_measured() -> None:
 
 
 def test_max_tokens_bounds_the_choice() -> None:
-    prediction = choose_tokens(
-        GOOD_RATES,
-        current_tokens=3,
-        step_seconds=0.013,
-        cost_ratio=0.1,
-        min_tokens=1,
-        max_tokens=4,
-        min_gain=0.05,
-    )
+    prediction = choose(max_tokens=4)
     assert (prediction.best_tokens, prediction.changed) == (4, True)
     assert prediction.gain == pytest.approx(282.2321 / 261.5385 - 1, rel=1e-5)  # +7.9 %
 
 
 def test_a_gain_below_min_gain_keeps_the_current_k() -> None:
-    prediction = choose_tokens(
-        GOOD_RATES,
-        current_tokens=3,
-        step_seconds=0.013,
-        cost_ratio=0.1,
-        min_tokens=1,
-        max_tokens=5,
-        min_gain=0.2,
-    )
+    prediction = choose(min_gain=0.2)
     assert (prediction.best_tokens, prediction.changed) == (3, False)
     assert "below minGain 20%" in prediction.message
 
@@ -136,15 +136,7 @@ def test_a_draft_that_predicts_badly_gets_a_shorter_k() -> None:
     # Step 15 ms, r = 0.1: t0 = 10 ms. k=1: 1.3 / 0.011 = 118.18 tokens/s; k=5: E = 1.42753 (1 +
     # 0.3 + 0.09 + 0.027 + 0.0081 + 0.00243) / 0.015 = 95.17 tokens/s.
     rates = [0.3, 0.09, 0.027, 0.0081, 0.00243]
-    prediction = choose_tokens(
-        rates,
-        current_tokens=5,
-        step_seconds=0.015,
-        cost_ratio=0.1,
-        min_tokens=1,
-        max_tokens=8,
-        min_gain=0.05,
-    )
+    prediction = choose(rates, current_tokens=5, step_seconds=0.015, max_tokens=8)
     assert prediction.best_tokens == 1
     assert prediction.by_tokens[1] == pytest.approx(118.1818, rel=1e-5)
     assert prediction.by_tokens[5] == pytest.approx(95.1687, rel=1e-5)
@@ -152,36 +144,21 @@ def test_a_draft_that_predicts_badly_gets_a_shorter_k() -> None:
 
 
 def test_a_dearer_draft_shortens_the_best_k() -> None:
-    common = {"current_tokens": 3, "step_seconds": 0.013, "min_tokens": 1, "max_tokens": 8}
-    cheap = choose_tokens(GOOD_RATES, cost_ratio=0.05, min_gain=0, **common)  # type: ignore[arg-type]
-    dear = choose_tokens(GOOD_RATES, cost_ratio=0.5, min_gain=0, **common)  # type: ignore[arg-type]
+    cheap = choose(cost_ratio=0.05, min_gain=0, max_tokens=8)
+    dear = choose(cost_ratio=0.5, min_gain=0, max_tokens=8)
     assert dear.best_tokens < cheap.best_tokens
 
 
 def test_ties_go_to_the_shorter_k() -> None:
     # Nothing accepted and speculation free: every k predicts the same; the shortest wins.
-    prediction = choose_tokens(
-        [0.0],
-        current_tokens=4,
-        step_seconds=0.01,
-        cost_ratio=0.0,
-        min_tokens=2,
-        max_tokens=6,
-        min_gain=0.0,
+    prediction = choose(
+        [0.0], current_tokens=4, cost_ratio=0, min_tokens=2, max_tokens=6, min_gain=0
     )
     assert prediction.best_tokens == 2
 
 
 def test_a_current_k_outside_the_bounds_is_replaced_whatever_the_gain() -> None:
-    prediction = choose_tokens(
-        [1.0] * 10,
-        current_tokens=10,
-        step_seconds=0.02,
-        cost_ratio=0.0,
-        min_tokens=1,
-        max_tokens=8,
-        min_gain=0.5,
-    )
+    prediction = choose([1.0] * 10, current_tokens=10, cost_ratio=0, max_tokens=8, min_gain=0.5)
     assert (prediction.best_tokens, prediction.changed) == (8, True)
     assert prediction.gain < 0  # 8 is worse than 10 here, but 10 is out of bounds
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.analysis import Measurement
 from specdeploy.plan.autotune import AutotuneMeasurement
-from test_canary import GOOD, NOTHING, World
+from test_canary import GOOD, World
 
 # The stable serves k=3 (sd_body); 1000 drafts accepted 0.9, 0.8, 0.7 at positions 0-2, a 13 ms
 # step: with draftCostRatio 0.1 and maxTokens 5 the model predicts k=5, +10.7 % (see
@@ -32,15 +31,9 @@ class TunedWorld(World):
         return found
 
     def restart(self) -> Reconciler:
-        self.reconciler = Reconciler(
-            self.kube,  # type: ignore[arg-type]
-            OperatorConfig(),
-            lambda _b, type_, reason, message: self.events.append((type_, reason, message)),
-            measure=lambda _ns, revision, _window: self.measured.get(revision, NOTHING),
-            measure_autotune=self._measure_autotune,
-            clock=lambda: self.now,
-        )
-        return self.reconciler
+        reconciler = super().restart()
+        reconciler.measure_autotune = self._measure_autotune
+        return reconciler
 
     def _measure_autotune(self, _ns: str, revision: str, _window: str) -> AutotuneMeasurement:
         self.autotune_reads.append(revision)
@@ -48,6 +41,17 @@ class TunedWorld(World):
 
     def reasons(self) -> list[str]:
         return [reason for _, reason, _ in self.events]
+
+
+def serving_well_predicted(mode: str) -> tuple[TunedWorld, str]:
+    """The first revision serving (k=3), measured as WELL_PREDICTED; one interval on."""
+    world = TunedWorld(mode)
+    world.step()
+    stable = world.status["stableRevision"]
+    world.measured = {stable: GOOD}
+    world.tuning_measured = {stable: WELL_PREDICTED}
+    world.step(10)
+    return world, stable
 
 
 def speculative_config(world: World, revision: str) -> str:
@@ -59,12 +63,7 @@ def speculative_config(world: World, revision: str) -> str:
 
 
 def test_recommend_writes_status_autotune_and_changes_nothing_else() -> None:
-    world = TunedWorld("Recommend")
-    world.step()
-    stable = world.status["stableRevision"]
-    world.measured = {stable: GOOD}
-    world.tuning_measured = {stable: WELL_PREDICTED}
-    world.step(10)
+    world, stable = serving_well_predicted("Recommend")
     world.step(10)
 
     tuned = world.status["autotune"]
@@ -92,12 +91,7 @@ def test_turning_recommend_on_is_no_new_revision() -> None:
 
 
 def test_apply_rolls_a_tuned_revision_through_the_canary_and_promotes_it() -> None:
-    world = TunedWorld("Apply")
-    world.step()
-    stable = world.status["stableRevision"]
-    world.measured = {stable: GOOD}
-    world.tuning_measured = {stable: WELL_PREDICTED}
-    world.step(10)
+    world, stable = serving_well_predicted("Apply")
 
     canary = world.status["canaryRevision"]
     assert canary is not None
@@ -133,12 +127,7 @@ def test_apply_rolls_a_tuned_revision_through_the_canary_and_promotes_it() -> No
 
 
 def test_a_tuned_revision_the_canary_rejects_is_rolled_back_and_not_retried() -> None:
-    world = TunedWorld("Apply")
-    world.step()
-    stable = world.status["stableRevision"]
-    world.measured = {stable: GOOD}
-    world.tuning_measured = {stable: WELL_PREDICTED}
-    world.step(10)
+    world, stable = serving_well_predicted("Apply")
     canary = world.status["canaryRevision"]
     # The longer k is slower in fact: its inter-token latency fails the canary.
     slow = Measurement(
