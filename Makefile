@@ -118,6 +118,10 @@ demo: venv tools system-deps engine-venv prometheus-operator-crd ## Local cluste
 bench-engine: venv engine-venv ## CPU engine tokens/s and latency with and without speculation
 	$(PY) hack/bench-engine.py
 
+.PHONY: bench-autotune
+bench-autotune: venv engine-venv ## P4: the autotuner's k against a sweep of k=1..8 on the CPU engine (not in CI)
+	$(PY) hack/bench-autotune.py
+
 .PHONY: bench-plan
 bench-plan: venv ## Cost of one reconcile's pure decisions per example (no cluster)
 	$(PY) hack/bench-plan.py

@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""P4: the autotuner's choice of k against an exhaustive sweep on the real CPU engine.
+
+    make bench-autotune          # or: PYTHONPATH=operator:e2e python hack/bench-autotune.py
+
+For each workload (the tiny target with a draft that predicts it well, draft-small, and one
+that predicts it badly, draft-bad), one engine per k = 1..8 is started through the launcher in
+turn; each gets the same greedy completions at a fixed concurrency, and its output tokens/s is
+the oracle's figure for that k. The engine's own /metrics (drafts, draft tokens, accepted tokens
+per position, inter-token latency) over the same requests are what Prometheus would give the
+operator.
+
+The operator's choice is computed by the operator's own model (plan.autotune.recommend), as
+mode Apply would reach it: starting from k=5 (the seeds' default), with no draftCostRatio (so
+the operator's default ratio), each recommendation that changes k by minGain is "rolled out",
+i.e. the next recommendation reads the sweep's measurement at that k, with the step times of
+every k served so far (which lets it fit the cost ratio), until it keeps its k. Results go to
+bench/results/autotune.json and a plot to bench/results/autotune.png.
+
+A benchmark, not a test: the figures depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+from prometheus_client.parser import text_string_to_metric_families
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "e2e"), str(REPO / "operator")]
+
+from engine_harness import (  # noqa: E402
+    EngineServer,
+    build_tiny_models,
+    engine_python_path,
+    free_port,
+    http_text,
+    start_engine,
+    vllm_args,
+)
+from specdeploy.api.models import AutotuneSpec, AutotuneStatus  # noqa: E402
+from specdeploy.plan.autotune import AutotuneMeasurement, recommend  # noqa: E402
+
+# The tiny models' own kind of text (the target was trained on such sentences).
+PROMPTS = [
+    "The cat sat on the",
+    "In the morning the queue",
+    "A node sees",
+    "The scheduler places the pod on",
+    "Every small engine serves",
+    "One tired node checks the queue again.",
+]
+WORKLOADS = {"predicted-well": "draft-small", "predicted-badly": "draft-bad"}
+DEFAULT_K = 5
+
+
+def scrape(server: EngineServer) -> dict[str, Any]:
+    """The engine's speculation counters and step-time histogram, summed over engines."""
+    found: dict[str, Any] = {"per_position": {}}
+    for family in text_string_to_metric_families(http_text(server.url + "/metrics")):
+        for sample in family.samples:
+            name = sample.name
+            if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+                position = int(sample.labels["position"])
+                found["per_position"][position] = (
+                    found["per_position"].get(position, 0.0) + sample.value
+                )
+            elif name in (
+                "vllm:spec_decode_num_drafts_total",
+                "vllm:spec_decode_num_draft_tokens_total",
+                "vllm:inter_token_latency_seconds_sum",
+                "vllm:inter_token_latency_seconds_count",
+            ):
+                found[name] = found.get(name, 0.0) + sample.value
+    return found
+
+
+def delta(after: dict[str, Any], before: dict[str, Any], name: str) -> float:
+    return float(after.get(name, 0.0)) - float(before.get(name, 0.0))
+
+
+def run_k(
+    python: Path, models: dict[str, str], draft: str, k: int, *, log_dir: Path, opts: Any
+) -> dict[str, Any]:
+    spec = {"method": "draft_model", "model": models[draft], "num_speculative_tokens": k}
+    port = free_port()
+    server = start_engine(
+        python,
+        f"{draft}-k{k}",
+        vllm_args(models["target"], port, speculative=spec),
+        log_dir,
+        port=port,
+    )
+    try:
+        startup = server.wait_ready()
+        server.complete(PROMPTS[0], max_tokens=8)  # warm-up
+        before = scrape(server)
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(opts.requests)]
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=opts.concurrency) as pool:
+            answers = list(
+                pool.map(lambda p: server.complete(p, max_tokens=opts.max_tokens), prompts)
+            )
+        wall = time.monotonic() - started
+        after = scrape(server)
+    finally:
+        server.stop()
+    tokens = sum(int(a["usage"]["completion_tokens"]) for a in answers)
+    positions = sorted(after["per_position"])
+    steps = delta(after, before, "vllm:inter_token_latency_seconds_count")
+    return {
+        "k": k,
+        "startup_s": round(startup, 1),
+        "output_tokens": tokens,
+        "wall_s": round(wall, 3),
+        "output_tokens_per_s": round(tokens / wall, 2),
+        "drafts": delta(after, before, "vllm:spec_decode_num_drafts_total"),
+        "draft_tokens": delta(after, before, "vllm:spec_decode_num_draft_tokens_total"),
+        "accepted_per_position": [
+            after["per_position"][p] - before["per_position"].get(p, 0.0) for p in positions
+        ],
+        "step_seconds": (
+            delta(after, before, "vllm:inter_token_latency_seconds_sum") / steps if steps else None
+        ),
+    }
+
+
+def operator_choice(sweep: dict[int, dict[str, Any]], opts: Any) -> dict[str, Any]:
+    """Where mode Apply ends, starting from k=DEFAULT_K, reading the sweep as its measurements."""
+    tune = AutotuneSpec(
+        mode="Apply", min_tokens=min(sweep), max_tokens=max(sweep), min_gain=opts.min_gain
+    )
+    state: AutotuneStatus | None = None
+    served = DEFAULT_K
+    path: list[dict[str, Any]] = []
+    now = datetime.now(UTC)
+    for _ in range(len(sweep)):
+        run = sweep[served]
+        measured = AutotuneMeasurement(
+            drafts=run["drafts"],
+            draft_tokens=run["draft_tokens"],
+            accepted_per_position=tuple(run["accepted_per_position"]),
+            step_seconds=run["step_seconds"],
+            mean_batch_size=float(opts.concurrency),
+        )
+        state = recommend(
+            tune,
+            state,
+            revision=f"k{served}",
+            served_tokens=served,
+            measured=measured,
+            window="bench",
+            min_draft_tokens=opts.min_draft_tokens,
+            default_cost_ratio=0.1,
+            now=now,
+        )
+        rec = state.recommendation
+        if rec is None or state.inputs is None:
+            raise RuntimeError(f"no recommendation at k={served}: {state.message}")
+        path.append(
+            {
+                "served": served,
+                "recommended": rec.num_speculative_tokens,
+                "predicted_gain": rec.predicted_gain,
+                "draft_cost_ratio": state.inputs.draft_cost_ratio,
+                "draft_cost_source": state.inputs.draft_cost_source,
+                "message": rec.message,
+            }
+        )
+        if not rec.changed or rec.num_speculative_tokens == served:
+            break
+        served = rec.num_speculative_tokens
+    return {"chosen": served, "first_recommendation": path[0]["recommended"], "path": path}
+
+
+def plot(report: dict[str, Any], out: Path) -> None:
+    figure, axes = plt.subplots(1, len(report["workloads"]), figsize=(11, 4), squeeze=False)
+    for axis, (name, result) in zip(axes[0], report["workloads"].items(), strict=True):
+        ks = [r["k"] for r in result["sweep"]]
+        tps = [r["output_tokens_per_s"] for r in result["sweep"]]
+        axis.plot(ks, tps, "o-", label="sweep (oracle)")
+        chosen = result["operator"]["chosen"]
+        axis.plot(
+            [chosen], [tps[ks.index(chosen)]], "r*", markersize=16, label=f"operator k={chosen}"
+        )
+        best = result["oracle_best_k"]
+        axis.plot(
+            [best],
+            [tps[ks.index(best)]],
+            "gs",
+            fillstyle="none",
+            markersize=14,
+            label=f"oracle k={best}",
+        )
+        axis.axvline(DEFAULT_K, color="grey", linestyle=":", label=f"default k={DEFAULT_K}")
+        axis.set_title(f"{name} ({result['draft']})")
+        axis.set_xlabel("numSpeculativeTokens k")
+        axis.set_ylabel("output tokens/s")
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "autotune.json"))
+    parser.add_argument("--ks", default="1,2,3,4,5,6,7,8")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--min-gain", type=float, default=0.05)
+    parser.add_argument("--min-draft-tokens", type=int, default=200)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="a subset, to try it")
+    opts = parser.parse_args()
+    ks = [int(k) for k in opts.ks.split(",")]
+    if DEFAULT_K not in ks:
+        parser.error(f"the sweep must include the default k={DEFAULT_K}")
+
+    python = engine_python_path()
+    models = build_tiny_models(python)
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-autotune-"))
+    workloads: dict[str, Any] = {}
+    for name in opts.workloads.split(","):
+        draft = WORKLOADS[name]
+        sweep = {}
+        for k in ks:
+            sweep[k] = run_k(python, models, draft, k, log_dir=log_dir, opts=opts)
+            print(f"{name} k={k}: {json.dumps(sweep[k])}", file=sys.stderr)
+        best = max(sweep.values(), key=lambda r: float(r["output_tokens_per_s"]))
+        choice = operator_choice(sweep, opts)
+        chosen_tps = sweep[choice["chosen"]]["output_tokens_per_s"]
+        workloads[name] = {
+            "draft": draft,
+            "sweep": list(sweep.values()),
+            "oracle_best_k": best["k"],
+            "oracle_best_tokens_per_s": best["output_tokens_per_s"],
+            "default_k_tokens_per_s": sweep[DEFAULT_K]["output_tokens_per_s"],
+            "operator": choice,
+            "operator_tokens_per_s": chosen_tps,
+            "operator_vs_oracle": round(chosen_tps / best["output_tokens_per_s"], 3),
+            "operator_vs_default_k": round(chosen_tps / sweep[DEFAULT_K]["output_tokens_per_s"], 3),
+        }
+    report = {
+        "what": "tiny Llama target on the vLLM CPU engine, greedy; one engine per k; the "
+        "operator's choice is plan.autotune's, starting from k=5 and following its own "
+        "recommendations through the sweep's measurements",
+        "concurrency": opts.concurrency,
+        "requests_per_k": opts.requests,
+        "max_tokens": opts.max_tokens,
+        "min_gain": opts.min_gain,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "workloads": workloads,
+    }
+    out = Path(opts.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, out.with_suffix(".png"))
+    summary = {
+        name: {
+            key: w[key]
+            for key in (
+                "oracle_best_k",
+                "operator_tokens_per_s",
+                "oracle_best_tokens_per_s",
+                "operator_vs_oracle",
+                "operator_vs_default_k",
+            )
+        }
+        | {"chosen_k": w["operator"]["chosen"]}
+        for name, w in workloads.items()
+    }
+    print(json.dumps(summary, indent=2))
+    print(f"written to {out} and {out.with_suffix('.png')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
