@@ -34,6 +34,13 @@ from engine_cluster import (
     tiny_sd,
 )
 from engine_harness import engine_python, tiny_models
+from fault_injection import (
+    OperatorKiller,
+    ServingSampler,
+    fault_seed,
+    kills_per_rollout,
+    record_run,
+)
 from load import CompletionLoad
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
 
@@ -68,8 +75,14 @@ def canary_sd(namespace: str, models: dict[str, str], draft: str, version: str) 
 
 class Bed:
     def __init__(
-        self, cluster: ClusterEnv, kubectl: Kubectl, namespace: str, models: dict[str, str]
+        self,
+        cluster: ClusterEnv,
+        kubectl: Kubectl,
+        namespace: str,
+        models: dict[str, str],
+        operator: OperatorProcess,
     ) -> None:
+        self.operator = operator
         self.cluster = cluster
         self.kubectl = kubectl
         self.namespace = namespace
@@ -102,6 +115,16 @@ class Bed:
             for p in revision_pods(self.kubectl, self.namespace, SD)
             if not p["metadata"].get("deletionTimestamp")
         }
+
+    def sampler(self) -> ServingSampler:
+        """Samples the SD's pods: some revision must have a Ready pod at every sample."""
+        return ServingSampler(self.kubectl, self.namespace, SD)
+
+    def killer(self, seed: int) -> OperatorKiller:
+        """SIGKILLs the operator at seeded random moments (SPECDEPLOY_FAULT_KILLS of them)."""
+        return OperatorKiller(
+            self.operator, self.kubectl, self.namespace, SD, seed, kills_per_rollout()
+        )
 
     def wait_serving(self, other_than: str | None = None) -> str:
         def serving() -> str | None:
@@ -147,7 +170,7 @@ def bed(
     running = running_operator
     running.start()
     try:
-        yield Bed(cluster, kubectl, namespace, tiny_models)
+        yield Bed(cluster, kubectl, namespace, tiny_models, running)
     finally:
         kubectl.run(
             "delete", "sd", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=100
@@ -157,12 +180,18 @@ def bed(
         print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
 
 
+def intervals_of(status: dict[str, Any], revision: str) -> list[int]:
+    """The analysis intervals the revision's recorded verdicts closed, in order."""
+    return [v["interval"] for v in verdicts_of(status, revision)]
+
+
 def test_a_bad_draft_is_rolled_back_by_itself_while_the_stable_pair_serves(bed: Bed) -> None:
     bed.kubectl.apply([canary_sd(bed.namespace, bed.models, "draft-small", "1-small")])
     stable = bed.wait_serving()
     assert bed.status().get("canaryRevision") is None, "the first revision has no canary"
+    seed = fault_seed("rollback")
 
-    with bed.load() as load:
+    with bed.load() as load, bed.sampler() as sampler:
         bed.kubectl.apply([canary_sd(bed.namespace, bed.models, "draft-bad", "2-bad")])
 
         def canary_analysed() -> dict[str, Any] | None:
@@ -178,13 +207,20 @@ def test_a_bad_draft_is_rolled_back_by_itself_while_the_stable_pair_serves(bed: 
             rolled = (status.get("analysis") or {}).get("outcome") == "Rollback"
             return rolled and bed.serving_revisions() == {stable}
 
-        eventually(only_stable_serves, 180, "the bad canary rolled back and its pod gone")
-        took = time.monotonic() - began
+        # The operator is SIGKILLed (and restarted) at random moments of the canary.
+        with bed.killer(seed) as killer:
+            eventually(only_stable_serves, 300, "the bad canary rolled back and its pod gone")
+            took = time.monotonic() - began
+            killer.finish()
+        # Every kill over, the outcome stands.
+        eventually(only_stable_serves, 120, "the rollback to stand after the last kill")
         print(f"\nrollback: {took:.1f}s from the canary's first analysed moment; load {load.sent}")
 
-    bound = SCRAPE_S + INTERVAL_S * FAILURE_LIMIT + 30
+    # The operator's restarts (kill to its next reconcile) count on top of the analysis time.
+    bound = SCRAPE_S + INTERVAL_S * FAILURE_LIMIT + 30 + killer.downtime()
     assert took <= bound, f"rollback took {took:.1f}s, more than {bound}s"
     assert load.sent[canary] > 0, "the canary served traffic"
+    sampler.check()
     status = bed.status()
     assert status["stableRevision"] == stable
     assert status["phase"] == "RolledBack"
@@ -194,9 +230,12 @@ def test_a_bad_draft_is_rolled_back_by_itself_while_the_stable_pair_serves(bed: 
     assert f"{FAILURE_LIMIT} failed verdicts" in degraded["message"]
     [record] = [r for r in status["revisions"] if r["revision"] == canary]
     assert record["phase"] == "Failed"
+    assert any(r["revision"] == stable for r in status["revisions"]), "history lost the stable"
     failed = [v for v in record["verdicts"] if v["result"] == "Fail"]
     assert len(failed) == FAILURE_LIMIT
     assert all(v["acceptanceRate"] < 0.5 and v["draftTokens"] >= 60 for v in failed), failed
+    intervals = intervals_of(status, canary)
+    assert all(a < b for a, b in itertools.pairwise(intervals)), intervals
     reasons = [e["reason"] for e in events_of(bed.kubectl, bed.namespace, SD)]
     assert "RolledBack" in reasons
     # The spec still names the failed pair (the operator never rewrites it): nothing restarts.
@@ -208,6 +247,9 @@ def test_a_bad_draft_is_rolled_back_by_itself_while_the_stable_pair_serves(bed: 
     }
     assert deployments[f"{SD}-{canary}"] == 0
     assert deployments[f"{SD}-{stable}"] == 1
+    record_run(
+        "rollback", seed, status["phase"], intervals=intervals, killer=killer, sampler=sampler
+    )
 
 
 def test_a_good_pair_passes_its_analysis_and_is_promoted(bed: Bed) -> None:
@@ -217,18 +259,32 @@ def test_a_good_pair_passes_its_analysis_and_is_promoted(bed: Bed) -> None:
     if stable is None:
         bed.kubectl.apply([canary_sd(bed.namespace, bed.models, "draft-small", "1-small")])
         stable = bed.wait_serving()
-    with bed.load():
+    seed = fault_seed("promotion")
+    with bed.load(), bed.sampler() as sampler:
         bed.kubectl.apply([canary_sd(bed.namespace, bed.models, "draft-small", "3-small")])
-        promoted = bed.wait_serving(other_than=stable)
+        eventually(
+            lambda: bed.status().get("canaryRevision"), 60, "the new pair to run as a canary"
+        )
+        with bed.killer(seed) as killer:
+            promoted = bed.wait_serving(other_than=stable)
+            killer.finish()
+        assert bed.wait_serving() == promoted, "the promotion stands after the last kill"
+    sampler.check()
     status = bed.status()
     [record] = [r for r in status["revisions"] if r["revision"] == promoted]
     passes = [v for v in record["verdicts"] if v["result"] == "Pass"]
     assert len(passes) >= 2, record["verdicts"]
+    intervals = intervals_of(status, promoted)
+    assert all(a < b for a, b in itertools.pairwise(intervals)), intervals
+    assert any(r["revision"] == stable for r in status["revisions"]), "history lost the stable"
     assert status["analysis"]["outcome"] == "Promote"
     assert status["acceptanceRate"] is None or status["acceptanceRate"] > 0.5
     eventually(lambda: bed.serving_revisions() == {promoted}, 120, "only the promoted serves")
     reasons = [e["reason"] for e in events_of(bed.kubectl, bed.namespace, SD)]
     assert "CanaryPromoted" in reasons
+    record_run(
+        "promotion", seed, status["phase"], intervals=intervals, killer=killer, sampler=sampler
+    )
 
 
 def test_a_collapsed_pair_falls_back_to_the_target_alone(bed: Bed) -> None:
@@ -243,8 +299,13 @@ def test_a_collapsed_pair_falls_back_to_the_target_alone(bed: Bed) -> None:
     }
     bed.kubectl.apply([body])
     pair = bed.wait_serving()
-    with bed.load() as load:
+    seed = fault_seed("collapse fallback")
+    # The operator is SIGKILLed at random moments while the guard watches and falls back.
+    with bed.load() as load, bed.sampler() as sampler, bed.killer(seed) as killer:
         fallback = bed.wait_serving(other_than=pair)
+        killer.finish()
+        assert bed.wait_serving() == fallback, "the fallback stands after the last kill"
+    sampler.check()
     status = bed.status()
     speculation = status["speculation"]
     assert (speculation["state"], speculation["reason"]) == ("Disabled", "DisabledAfterCollapse")
@@ -255,6 +316,7 @@ def test_a_collapsed_pair_falls_back_to_the_target_alone(bed: Bed) -> None:
     assert (degraded["status"], degraded["reason"]) == ("True", "AcceptanceCollapsed")
     [record] = [r for r in status["revisions"] if r["revision"] == fallback]
     assert record["draft"]["method"] == "none"
+    assert any(r["revision"] == pair for r in status["revisions"]), "history lost the pair"
     assert load.sent[pair] > 0
     eventually(lambda: bed.serving_revisions() == {fallback}, 120, "only the target alone serves")
     for pod in revision_pods(bed.kubectl, bed.namespace, SD, fallback):
@@ -262,6 +324,10 @@ def test_a_collapsed_pair_falls_back_to_the_target_alone(bed: Bed) -> None:
         assert "--speculative-config" not in args
     reasons = [e["reason"] for e in events_of(bed.kubectl, bed.namespace, SD)]
     assert "AcceptanceCollapsed" in reasons
+    # One fallback revision: the guard did not fire again after a restart.
+    fallbacks = [r for r in status["revisions"] if r["draft"]["method"] == "none"]
+    assert len(fallbacks) == 1, status["revisions"]
+    record_run("collapse", seed, speculation["state"], killer=killer, sampler=sampler)
 
 
 def verdicts_of(status: dict[str, Any], revision: str) -> list[dict[str, Any]]:

@@ -1,0 +1,205 @@
+"""Operator kills at random moments, and a sampler proving some revision serves throughout.
+
+`OperatorKiller` SIGKILLs the operator process at seeded random moments of a rollout and starts
+a new one at once, as a node failure or an OOM kill followed by a restart would; it records
+where each kill landed (the SD's phase and analysis interval). `ServingSampler` lists the SD's
+pods in a background thread: every sample must find a Ready pod of some revision.
+
+The seed comes from `SPECDEPLOY_FAULT_SEED` (else it is drawn and printed, so a failing run can
+be replayed); the number of kills per rollout from `SPECDEPLOY_FAULT_KILLS` (1 in CI, more in
+`make soak`), at most `SPECDEPLOY_FAULT_SPREAD` seconds apart. With `SPECDEPLOY_FAULT_RESULTS`
+set, each run appends one JSON line there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine_cluster import REVISION_LABEL, OperatorProcess, revision_pods
+from testbed import Kubectl
+
+
+def fault_seed(name: str) -> int:
+    """The seed of this test's random kill points, printed so the run can be replayed."""
+    given = os.environ.get("SPECDEPLOY_FAULT_SEED")
+    seed = int(given) if given else random.SystemRandom().randrange(1 << 32)
+    print(f"\n{name}: fault seed {seed} (replay with SPECDEPLOY_FAULT_SEED={seed})")
+    return seed
+
+
+def kills_per_rollout() -> int:
+    return max(1, int(os.environ.get("SPECDEPLOY_FAULT_KILLS", "1")))
+
+
+def kill_spread() -> float:
+    """The most seconds between a restart and the next kill (SPECDEPLOY_FAULT_SPREAD)."""
+    return max(2.0, float(os.environ.get("SPECDEPLOY_FAULT_SPREAD", "15")))
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return ready and not pod["metadata"].get("deletionTimestamp")
+
+
+@dataclass
+class ServingSampler:
+    """Polls one SD's pods in a background thread: the revisions with a Ready pod, per sample."""
+
+    kubectl: Kubectl
+    namespace: str
+    name: str
+    period: float = 1.0
+    samples: list[tuple[float, tuple[str, ...]]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> ServingSampler:
+        self._began = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="serving sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pods = revision_pods(self.kubectl, self.namespace, self.name)
+            except Exception as error:  # the API server itself down: no sample, noted
+                self.errors.append(f"{time.monotonic() - self._began:.1f}s: {error}")
+            else:
+                serving = sorted(
+                    {p["metadata"]["labels"][REVISION_LABEL] for p in pods if is_ready(p)}
+                )
+                self.samples.append((round(time.monotonic() - self._began, 1), tuple(serving)))
+            self._stop.wait(self.period)
+
+    def gaps(self) -> list[float]:
+        """The moments (seconds since the start) at which no revision had a Ready pod."""
+        return [at for at, serving in self.samples if not serving]
+
+    def check(self) -> None:
+        """Asserts that samples were taken and that every one found a revision serving."""
+        assert len(self.samples) >= 5, ("too few samples", self.samples, self.errors)
+        assert not self.gaps(), ("no revision served at", self.gaps(), self.samples)
+
+
+@dataclass
+class KillPoint:
+    """One SIGKILL: seconds after the killer started, and the SD as the new process found it."""
+
+    at: float
+    phase: str | None
+    analysis_interval: int | None
+    analysis_outcome: str | None
+    down_for: float
+
+
+@dataclass
+class OperatorKiller:
+    """SIGKILLs the operator `count` times at seeded random moments and restarts it each time.
+
+    Each kill comes a random 1 to `spread` seconds after the previous process started (so
+    kills land in start-up, between reconciles and mid-write alike); the new process starts
+    at once. `finish` waits for the planned kills and for the last process to reconcile again.
+    """
+
+    operator: OperatorProcess
+    kubectl: Kubectl
+    namespace: str
+    name: str
+    seed: int
+    count: int
+    spread: float = field(default_factory=kill_spread)
+    kills: list[KillPoint] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> OperatorKiller:
+        self._rng = random.Random(self.seed)
+        self._began = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="operator killer", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=120)
+        if self.operator.process is None:  # stopped between a kill and its restart
+            self.operator.start()
+
+    def finish(self, timeout: float = 600) -> None:
+        """Waits until every planned kill happened and the last new process reconciled."""
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+        assert len(self.kills) == self.count, (self.kills, self.errors)
+
+    def _run(self) -> None:
+        for _ in range(self.count):
+            if self._stop.wait(self._rng.uniform(1.0, self.spread)):
+                return
+            at = round(time.monotonic() - self._began, 1)
+            offset = len(self.operator.log_text())
+            self.operator.kill()
+            self.operator.start()
+            began = time.monotonic()
+            try:
+                # The new process is alive and has looked at the SD before the next kill.
+                self.operator.wait_for_reconciles(offset, self.namespace, self.name)
+                status = self._status()
+            except Exception as error:
+                self.errors.append(f"after the kill at {at}s: {error}")
+                status = {}
+            analysis = status.get("analysis") or {}
+            self.kills.append(
+                KillPoint(
+                    at=at,
+                    phase=status.get("phase"),
+                    analysis_interval=analysis.get("lastInterval"),
+                    analysis_outcome=analysis.get("outcome"),
+                    down_for=round(time.monotonic() - began, 1),
+                )
+            )
+            print(f"operator SIGKILLed at {at}s: {self.kills[-1]}")
+
+    def _status(self) -> dict[str, Any]:
+        sd = self.kubectl.get_json("sd", self.name, "-n", self.namespace)
+        found: dict[str, Any] = sd.get("status") or {}
+        return found
+
+    def downtime(self) -> float:
+        """Seconds from each kill until the new process had reconciled, summed."""
+        return sum(k.down_for for k in self.kills)
+
+
+def record_run(test: str, seed: int, outcome: str, **facts: Any) -> None:
+    """Appends one run (its kills, outcome and checks) to SPECDEPLOY_FAULT_RESULTS, if set."""
+    path = os.environ.get("SPECDEPLOY_FAULT_RESULTS")
+    if not path:
+        return
+    kills = facts.pop("killer", None)
+    sampler = facts.pop("sampler", None)
+    line: dict[str, Any] = {"test": test, "seed": seed, "outcome": outcome, **facts}
+    if isinstance(kills, OperatorKiller):
+        line["kills"] = [asdict(k) for k in kills.kills]
+    if isinstance(sampler, ServingSampler):
+        line["samples"] = len(sampler.samples)
+        line["samples_without_a_serving_revision"] = len(sampler.gaps())
+        line["sampling_errors"] = len(sampler.errors)
+    with Path(path).open("a") as out:
+        out.write(json.dumps(line) + "\n")
