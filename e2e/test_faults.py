@@ -25,7 +25,7 @@ import pytest
 
 from engine_cluster import OperatorProcess, operator_config, tiny_sd
 from engine_harness import engine_python, tiny_models
-from fault_injection import ServingSampler
+from fault_injection import ServingSampler, is_ready
 from sd_bodies import H100, llama_8b
 from test_operator import condition, items, operator, sd_of, wait_ready
 from testbed import ClusterEnv, Kubectl, eventually
@@ -104,7 +104,8 @@ def test_a_rollout_survives_a_control_plane_fault_and_ends_once_in_the_new_revis
             60,
             "the first revision at zero",
         )
-    assert operator.process is not None and operator.process.poll() is None, "operator died"
+    assert operator.process is not None
+    assert operator.process.poll() is None, "the operator died"
     sampler.check()
     print(f"\n{fault}: {len(sampler.samples)} samples, {len(sampler.errors)} without the API")
     status = sd_of(kubectl, namespace, NAME)["status"]
@@ -117,3 +118,161 @@ def test_a_rollout_survives_a_control_plane_fault_and_ends_once_in_the_new_revis
         }
 
     eventually(lambda: pod_revisions() == {second}, 60, "only the new revision's pods")
+
+
+def test_kueue_down_blocks_new_pods_the_stable_serves_and_kueue_back_finishes_the_rollout(
+    cluster: ClusterEnv, kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    kubectl.apply([llama_8b(NAME, namespace, draft_revision="eagle3-r1")])
+    wait_ready(kubectl, namespace, NAME)
+    first = sd_of(kubectl, namespace, NAME)["status"]["stableRevision"]
+    with ServingSampler(kubectl, namespace, NAME) as sampler:
+        with stopped(cluster, "kueue"):
+            offset = len(operator.log_text())
+            kubectl.apply([llama_8b(NAME, namespace, draft_revision="eagle3-r2")])
+            # Kueue's webhooks fail closed: the API server refuses the new revision's
+            # Deployment (its pods would be refused too). The operator retries; nothing moves.
+            eventually(
+                lambda: operator.log_text().count("mdeployment.kb.io", offset) >= 2,
+                90,
+                "the operator's Deployment create refused twice by Kueue's webhook",
+            )
+            sd = sd_of(kubectl, namespace, NAME)
+            assert revisions(kubectl, namespace) == {first: 1}, "no new revision without Kueue"
+            assert [
+                p["metadata"]["labels"][REVISION_LABEL]
+                for p in items(kubectl, "pods", namespace, NAME)
+            ] == [first]
+            # The status still describes the last generation it acted on: the new spec is
+            # not observed yet, and the stable revision serves.
+            assert sd["status"]["observedGeneration"] < sd["metadata"]["generation"], sd["status"]
+            assert sd["status"]["stableRevision"] == first
+            assert condition(sd, "Ready")["status"] == "True"
+        second = eventually(
+            lambda: serving(kubectl, namespace, other_than=first), 120, "the new revision Ready"
+        )
+    sampler.check()
+    sd = sd_of(kubectl, namespace, NAME)
+    assert sd["status"]["observedGeneration"] == sd["metadata"]["generation"]
+    assert condition(sd, "Admitted")["status"] == "True"
+    eventually(lambda: revisions(kubectl, namespace) == {first: 0, second: 1}, 60, "first at zero")
+
+
+def test_a_deleted_node_under_a_serving_revision_has_its_pods_replaced_without_a_new_revision(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    body = llama_8b(NAME, namespace)
+    # Whole H100s, which two nodes have. (With MIG the pod would go to the only MIG node: its
+    # deletion changes the sizing itself, and so the revision.)
+    body["spec"]["placement"]["gpu"] = {"product": H100, "mig": "Never"}
+    kubectl.apply([body])
+    wait_ready(kubectl, namespace, NAME)
+    revision = sd_of(kubectl, namespace, NAME)["status"]["stableRevision"]
+    [pod] = items(kubectl, "pods", namespace, NAME)
+    node = pod["spec"]["nodeName"]
+    saved = kubectl.get_json("node", node)
+    try:
+        kubectl.run("delete", "node", node)
+
+        def replaced() -> dict[str, Any] | None:
+            pods = [
+                p
+                for p in items(kubectl, "pods", namespace, NAME)
+                if p["metadata"]["name"] != pod["metadata"]["name"]
+            ]
+            ready = [p for p in pods if p["spec"].get("nodeName") and is_ready(p)]
+            return ready[0] if ready and serving(kubectl, namespace) else None
+
+        # The pod garbage collector deletes pods bound to a node that is gone; the revision's
+        # ReplicaSet makes a new one, which Kueue admits and the scheduler puts elsewhere.
+        new = eventually(replaced, 240, "a replacement pod Ready on another node")
+        assert new["spec"]["nodeName"] != node
+        assert new["metadata"]["labels"][REVISION_LABEL] == revision
+        assert revisions(kubectl, namespace) == {revision: 1}, "no new revision"
+        status = sd_of(kubectl, namespace, NAME)["status"]
+        assert status["stableRevision"] == revision
+        assert [r["revision"] for r in status["revisions"]] == [revision]
+    finally:
+        restore_node(kubectl, saved)
+
+
+def restore_node(kubectl: Kubectl, saved: dict[str, Any]) -> None:
+    """Creates the deleted KWOK node again as it was (KWOK takes it back by its annotation)."""
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            k: v for k, v in saved["metadata"].items() if k in ("name", "labels", "annotations")
+        },
+        "spec": {},
+        "status": {
+            k: v for k, v in saved["status"].items() if k in ("capacity", "allocatable", "nodeInfo")
+        },
+    }
+    kubectl.apply([node])
+
+
+@pytest.fixture
+def local_process_operator(
+    cluster: ClusterEnv,
+    kubectl: Kubectl,
+    namespace: str,
+    engine_python: Path,
+    tmp_path: Path,
+    *,
+    sd_crd: None,
+) -> Iterator[OperatorProcess]:
+    """The operator in local-process mode: the process kubelet runs its pods' engine command."""
+    config = operator_config(str(engine_python), cluster.prometheus_url)
+    running = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
+    running.start()
+    try:
+        yield running
+    finally:
+        kubectl.run(
+            "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
+        )
+        running.stop()
+        print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
+
+
+def test_an_engine_that_crash_loops_is_named_in_ready_never_promoted_and_not_remade(
+    kubectl: Kubectl,
+    namespace: str,
+    tiny_models: dict[str, str],
+    tmp_path: Path,
+    local_process_operator: OperatorProcess,
+) -> None:
+    # The process kubelet runs the engine command for real; with PYTHONPATH pointing at an
+    # empty folder the launcher cannot be imported and the engine exits 1 at every start.
+    body = tiny_sd(NAME, namespace, tiny_models, "draft-small", "1-crash")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for entry in body["spec"]["engine"]["env"]:
+        if entry["name"] == "PYTHONPATH":
+            entry["value"] = str(empty)
+    kubectl.apply([body])
+
+    def crash_looping() -> dict[str, Any] | None:
+        ready = condition(sd_of(kubectl, namespace, NAME), "Ready")
+        return ready if ready.get("reason") == "EngineCrashLooping" else None
+
+    ready = eventually(crash_looping, 180, "Ready to name the crash loop")
+    assert ready["status"] == "False"
+    assert "keeps exiting (exit 1," in ready["message"], ready
+    [revision] = revisions(kubectl, namespace)
+    # It goes on restarting under back-off; the operator makes nothing new meanwhile.
+    offset = len(local_process_operator.log_text())
+
+    def restarts() -> int:
+        [pod] = items(kubectl, "pods", namespace, NAME)
+        [engine] = pod["status"]["containerStatuses"]
+        return int(engine["restartCount"])
+
+    eventually(lambda: restarts() >= 2, 180, "the engine restarted twice")
+    local_process_operator.wait_for_reconciles(offset, namespace, NAME, count=10)
+    assert revisions(kubectl, namespace) == {revision: 1}, "no new revision"
+    sd = sd_of(kubectl, namespace, NAME)
+    assert sd["status"].get("stableRevision") is None, "a crash-looping revision is not promoted"
+    assert [r["revision"] for r in sd["status"]["revisions"]] == [revision]
+    assert condition(sd, "Ready")["reason"] == "EngineCrashLooping"

@@ -27,6 +27,7 @@ class Reason:
     # Ready / Progressing
     ALL_REPLICAS_READY: Final = "AllReplicasReady"
     REPLICAS_NOT_READY: Final = "ReplicasNotReady"
+    ENGINE_CRASH_LOOPING: Final = "EngineCrashLooping"
     NEW_REVISION: Final = "NewRevision"
     CANARY_ANALYSING: Final = "CanaryAnalysing"
     CANARY_PROMOTED: Final = "CanaryPromoted"

@@ -45,6 +45,7 @@ from specdeploy.plan.children import (
     pod_selector,
 )
 from specdeploy.plan.collapse import RESUME_ANNOTATION, watch_collapse
+from specdeploy.plan.crash_loop import read_crash_loop
 from specdeploy.plan.drift import decide_apply, drift_event, with_applied_hash
 from specdeploy.plan.gpu_catalog import GpuNodeInventory, GpuProduct, read_gpu_inventories
 from specdeploy.plan.pair_check import judge_pair
@@ -401,6 +402,7 @@ def decide(
         admission=admission,
         selector=pod_selector(sd),
         pair=pair,
+        crash_loop=read_crash_loop(snapshot.pods, desired_revision),
         canary=judgement,
         measurements=snapshot.measurements,
         figures_every_seconds=duration_seconds(settings.interval),

@@ -28,6 +28,7 @@ from specdeploy.api.models import (
 from specdeploy.plan.analysis import RFC3339, CanaryJudgement, Measurement, Outcome
 from specdeploy.plan.collapse import GuardVerdict
 from specdeploy.plan.conditions import ConditionUpdate, set_conditions
+from specdeploy.plan.crash_loop import CrashLoop
 from specdeploy.plan.pair_check import PairVerdict
 from specdeploy.plan.rollout import RevisionDeployment, RolloutEvent, RolloutPlan
 
@@ -82,6 +83,8 @@ class ObservedRollout:
     figures_every_seconds: float = 60.0
     collapse: GuardVerdict = field(default_factory=lambda: GuardVerdict(state=None))
     autotune: AutotuneStatus | None = None
+    #: An engine of the desired revision that keeps exiting (not the launcher's verdict).
+    crash_loop: CrashLoop | None = None
 
     @property
     def analysis(self) -> AnalysisStatus | None:
@@ -164,6 +167,13 @@ def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> Condition
     if seen.admission.status == "False":
         return ConditionUpdate(
             ConditionType.READY, "False", Reason.WAITING_FOR_QUOTA, seen.admission.message
+        )
+    if seen.crash_loop is not None:
+        return ConditionUpdate(
+            ConditionType.READY,
+            "False",
+            Reason.ENGINE_CRASH_LOOPING,
+            f"{ready}/{replicas} pods ready; {seen.crash_loop.describe(seen.desired_revision)}",
         )
     return ConditionUpdate(
         ConditionType.READY,
