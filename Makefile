@@ -110,6 +110,10 @@ operator-down: ## Stop the background operator
 e2e: venv tools system-deps engine-venv prometheus-operator-crd ## End-to-end tests against the local cluster (never skipped)
 	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m e2e
 
+.PHONY: soak
+soak: venv tools system-deps engine-venv prometheus-operator-crd ## Operator SIGKILLed 20+ times during real canaries and a collapse (not in CI); bench/results/soak.*
+	$(PY) hack/soak.py
+
 .PHONY: demo
 demo: venv tools system-deps engine-venv prometheus-operator-crd ## Local cluster + operator + CPU vLLM: a good pair served, a mismatched one refused (KEEP=1 leaves it running)
 	$(PY) hack/demo.py

@@ -18,6 +18,7 @@ import os
 import random
 import threading
 import time
+import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,10 +29,15 @@ from testbed import Kubectl
 
 
 def fault_seed(name: str) -> int:
-    """The seed of this test's random kill points, printed so the run can be replayed."""
+    """The seed of this test's random kill points, printed so the run can be replayed.
+
+    Drawn afresh unless `SPECDEPLOY_FAULT_SEED` is set; each test mixes its name in, so one
+    base seed gives every test its own kill points.
+    """
     given = os.environ.get("SPECDEPLOY_FAULT_SEED")
-    seed = int(given) if given else random.SystemRandom().randrange(1 << 32)
-    print(f"\n{name}: fault seed {seed} (replay with SPECDEPLOY_FAULT_SEED={seed})")
+    base = int(given) if given else random.SystemRandom().randrange(1 << 32)
+    seed = (base + zlib.crc32(name.encode())) % (1 << 32)
+    print(f"\n{name}: fault seed {seed} (replay with SPECDEPLOY_FAULT_SEED={base})")
     return seed
 
 

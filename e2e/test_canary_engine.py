@@ -126,6 +126,22 @@ class Bed:
             self.operator, self.kubectl, self.namespace, SD, seed, kills_per_rollout()
         )
 
+    def wait_analysed(self, stable: str) -> dict[str, Any]:
+        """status.analysis once the canary beside `stable` (status.canaryRevision) is being
+        analysed."""
+
+        def canary_analysed() -> dict[str, Any] | None:
+            status = self.status()
+            canary = status.get("canaryRevision")
+            analysis = status.get("analysis") or {}
+            ours = canary not in (None, stable) and analysis.get("revision") == canary
+            return analysis if ours else None
+
+        found: dict[str, Any] = eventually(
+            canary_analysed, ENGINE_READY_S, "the canary's analysis to start"
+        )
+        return found
+
     def wait_serving(self, other_than: str | None = None) -> str:
         def serving() -> str | None:
             sd = self.sd()
@@ -194,12 +210,7 @@ def test_a_bad_draft_is_rolled_back_by_itself_while_the_stable_pair_serves(bed: 
     with bed.load() as load, bed.sampler() as sampler:
         bed.kubectl.apply([canary_sd(bed.namespace, bed.models, "draft-bad", "2-bad")])
 
-        def canary_analysed() -> dict[str, Any] | None:
-            analysis = bed.status().get("analysis") or {}
-            return analysis if analysis.get("revision") not in (None, stable) else None
-
-        analysis = eventually(canary_analysed, ENGINE_READY_S, "the canary's analysis to start")
-        canary = analysis["revision"]
+        canary = bed.wait_analysed(stable)["revision"]
         began = time.monotonic()
 
         def only_stable_serves() -> bool:
@@ -262,9 +273,8 @@ def test_a_good_pair_passes_its_analysis_and_is_promoted(bed: Bed) -> None:
     seed = fault_seed("promotion")
     with bed.load(), bed.sampler() as sampler:
         bed.kubectl.apply([canary_sd(bed.namespace, bed.models, "draft-small", "3-small")])
-        eventually(
-            lambda: bed.status().get("canaryRevision"), 60, "the new pair to run as a canary"
-        )
+        bed.wait_analysed(stable)
+        # The operator is SIGKILLed (and restarted) at random moments of the analysis.
         with bed.killer(seed) as killer:
             promoted = bed.wait_serving(other_than=stable)
             killer.finish()

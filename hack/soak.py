@@ -1,0 +1,117 @@
+"""`make soak`: the operator SIGKILLed at many random moments of real canaries and a collapse.
+
+Runs the engine canary tests (a bad draft rolled back, a good one promoted, a collapsed pair
+falling back to the target alone) on the local test bed with real CPU vLLM engines, each with
+`--kills` operator kills at seeded random moments (e2e/fault_injection.py). Each test checks
+the same outcome as an undisturbed run, the history (status.revisions and its verdicts) intact,
+verdict intervals strictly increasing (none counted twice) and a Ready pod of some revision at
+every sample. Writes bench/results/soak.json and bench/results/soak.md; exits non-zero when a
+test failed or fewer than `--min-kills` kills happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+TESTS = "rolled_back or promoted or collapsed"
+
+
+def run_tests(seed: int, kills: int, spread: float, results: Path) -> tuple[int, float]:
+    env = {
+        **os.environ,
+        "SPECDEPLOY_E2E_REQUIRED": "1",
+        "SPECDEPLOY_FAULT_SEED": str(seed),
+        "SPECDEPLOY_FAULT_KILLS": str(kills),
+        "SPECDEPLOY_FAULT_SPREAD": str(spread),
+        "SPECDEPLOY_FAULT_RESULTS": str(results),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "e2e")]),
+    }
+    command = [sys.executable, "-m", "pytest", "-m", "e2e", "-p", "no:cacheprovider", "-q"]
+    command += ["-rA", str(REPO / "e2e" / "test_canary_engine.py"), "-k", TESTS]
+    began = time.monotonic()
+    done = subprocess.run(command, env=env, cwd=REPO, check=False)
+    return done.returncode, time.monotonic() - began
+
+
+def summary(report: dict[str, Any]) -> str:
+    lines = [
+        "# Soak: the operator SIGKILLed during canaries and a collapse fallback",
+        "",
+        f"`make soak` on {report['date']}: seed {report['seed']}, {report['kills']} kills in "
+        f"{len(report['runs'])} rollouts, {report['minutes']} min, pytest exit "
+        f"{report['pytest_exit']} ({'passed' if report['passed'] else 'FAILED'}).",
+        "",
+        "| rollout | outcome | kills | phases at the kills | verdict intervals | samples "
+        "| samples with no Ready pod |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in report["runs"]:
+        phases = ", ".join(str(k["phase"]) for k in run.get("kills", []))
+        intervals = run.get("intervals")
+        lines.append(
+            f"| {run['test']} | {run['outcome']} | {len(run.get('kills', []))} | {phases} "
+            f"| {intervals if intervals is not None else 'n/a'} | {run.get('samples')} "
+            f"| {run.get('samples_without_a_serving_revision')} |"
+        )
+    lines += [
+        "",
+        "Each rollout ended as an undisturbed one does (RolledBack, promoted, speculation "
+        "Disabled after the collapse), with its history and verdicts intact and its verdict "
+        "intervals strictly increasing; the phase is the SD's as the restarted operator found "
+        "it. Details per kill (moment, analysis interval, restart time) in soak.json.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=None, help="base seed (default: drawn)")
+    parser.add_argument("--kills", type=int, default=7, help="operator kills per rollout")
+    parser.add_argument("--spread", type=float, default=10.0, help="most seconds between kills")
+    parser.add_argument("--min-kills", type=int, default=20)
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
+    print(f"soak: seed {seed}, {args.kills} kills per rollout", flush=True)
+    with tempfile.TemporaryDirectory() as folder:
+        results = Path(folder) / "runs.jsonl"
+        code, seconds = run_tests(seed, args.kills, args.spread, results)
+        runs = (
+            [json.loads(line) for line in results.read_text().splitlines()]
+            if results.exists()
+            else []
+        )
+    kills = sum(len(run.get("kills", [])) for run in runs)
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "seed": seed,
+        "kills_per_rollout": args.kills,
+        "spread_seconds": args.spread,
+        "kills": kills,
+        "minutes": round(seconds / 60, 1),
+        "pytest_exit": code,
+        "passed": code == 0 and kills >= args.min_kills,
+        "runs": runs,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "soak.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / "soak.md").write_text(summary(report))
+    print(summary(report))
+    if kills < args.min_kills:
+        print(f"soak: only {kills} kills, fewer than {args.min_kills}", file=sys.stderr)
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
