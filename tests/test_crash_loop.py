@@ -13,6 +13,7 @@ def pod(
     revision: str,
     exit_code: int | None,
     restarts: int,
+    *,
     waiting: str | None = None,
     message: str = "",
     deleting: bool = False,
@@ -32,7 +33,9 @@ def pod(
 
 
 def test_an_engine_in_crash_loop_back_off_is_named_with_its_exit_and_message() -> None:
-    found = read_crash_loop([pod("r1", 1, 1, "CrashLoopBackOff", "No module named x")], "r1")
+    found = read_crash_loop(
+        [pod("r1", 1, 1, waiting="CrashLoopBackOff", message="No module named x")], "r1"
+    )
     assert found is not None
     assert (found.pod, found.exit_code, found.restarts) == ("p-r1", 1, 1)
     assert found.describe("r1") == (
@@ -47,13 +50,13 @@ def test_restarts_alone_count_once_there_are_enough() -> None:
 
 @pytest.mark.parametrize("code", [None, 0, 2, 3, 4])
 def test_a_clean_exit_or_the_launchers_verdict_is_not_a_crash_loop(code: int | None) -> None:
-    assert read_crash_loop([pod("r1", code, 5, "CrashLoopBackOff")], "r1") is None
+    assert read_crash_loop([pod("r1", code, 5, waiting="CrashLoopBackOff")], "r1") is None
 
 
 def test_only_the_asked_revision_and_live_pods_count() -> None:
     pods = [
-        pod("old", 1, 9, "CrashLoopBackOff"),
-        pod("r1", 1, 9, "CrashLoopBackOff", deleting=True),
+        pod("old", 1, 9, waiting="CrashLoopBackOff"),
+        pod("r1", 1, 9, waiting="CrashLoopBackOff", deleting=True),
     ]
     assert read_crash_loop(pods, "r1") is None
     assert read_crash_loop(pods, None) is None
