@@ -25,7 +25,7 @@ from engine_cluster import (
     OperatorProcess,
     apply_crds,
     kwok_operator_config,
-    stop_after_deleting_sds,
+    operator_running,
 )
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, down, eventually, up
 from testbed.prometheus_operator import served_pod_monitor_crd
@@ -188,8 +188,5 @@ def operator(
     its config file is `workdir/operator.yaml`; its log is printed when a test fails."""
     config = kwok_operator_config(cluster.prometheus_url)
     running = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
-    running.start()
-    try:
+    with operator_running(running, kubectl, namespace):
         yield running
-    finally:
-        stop_after_deleting_sds(running, kubectl, namespace)

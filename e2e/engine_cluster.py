@@ -9,6 +9,7 @@ engines are the pods the operator creates.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,7 +18,6 @@ import subprocess
 import sys
 import urllib.parse
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -239,7 +239,7 @@ def stop_after_deleting_sds(
     print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
 
 
-@contextmanager
+@contextlib.contextmanager
 def operator_in_namespace(
     kubectl: Kubectl,
     kubeconfig: str,
@@ -259,6 +259,19 @@ def operator_in_namespace(
     finally:
         stop_after_deleting_sds(running, kubectl, namespace, timeout=90)
         kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@contextlib.contextmanager
+def operator_running(
+    running: OperatorProcess, kubectl: Kubectl, namespace: str
+) -> Iterator[OperatorProcess]:
+    """The operator started for a block; then the namespace's SDs deleted while it still runs,
+    the operator stopped and its log printed (shown when a test fails)."""
+    running.start()
+    try:
+        yield running
+    finally:
+        stop_after_deleting_sds(running, kubectl, namespace)
 
 
 def apply_crds(kubectl: Kubectl) -> None:

@@ -22,8 +22,9 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+from background import Background
 from engine_cluster import REVISION_LABEL, OperatorProcess, revision_pods
 from testbed import Kubectl
 
@@ -57,7 +58,7 @@ def is_ready(pod: Mapping[str, Any]) -> bool:
 
 
 @dataclass
-class ServingSampler:
+class ServingSampler(Background):
     """Polls one SD's pods in a background thread: the revisions with a Ready pod, per sample."""
 
     kubectl: Kubectl
@@ -66,22 +67,14 @@ class ServingSampler:
     period: float = 1.0
     samples: list[tuple[float, tuple[str, ...]]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    thread_name = "serving sampler"
 
-    def __enter__(self) -> ServingSampler:
+    def __enter__(self) -> Self:
         self._began = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="serving sampler", daemon=True)
-        self._thread.start()
-        return self
+        return super().__enter__()
 
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def run_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             try:
                 pods = revision_pods(self.kubectl, self.namespace, self.name)
             except Exception as error:  # the API server itself down: no sample, noted
@@ -91,7 +84,7 @@ class ServingSampler:
                     {p["metadata"]["labels"][REVISION_LABEL] for p in pods if is_ready(p)}
                 )
                 self.samples.append((round(time.monotonic() - self._began, 1), tuple(serving)))
-            self._stop.wait(self.period)
+            stop.wait(self.period)
 
     def gaps(self) -> list[float]:
         """The moments (seconds since the start) at which no revision had a Ready pod."""
@@ -115,7 +108,7 @@ class KillPoint:
 
 
 @dataclass
-class OperatorKiller:
+class OperatorKiller(Background):
     """SIGKILLs the operator `count` times at seeded random moments and restarts it each time.
 
     Each kill comes a random 1 to `spread` seconds after the previous process started (so
@@ -132,32 +125,27 @@ class OperatorKiller:
     spread: float = field(default_factory=kill_spread)
     kills: list[KillPoint] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    thread_name = "operator killer"
+    join_seconds = 120.0
 
-    def __enter__(self) -> OperatorKiller:
+    def __enter__(self) -> Self:
         self._rng = random.Random(self.seed)
         self._began = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="operator killer", daemon=True)
-        self._thread.start()
-        return self
+        return super().__enter__()
 
     def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=120)
+        super().__exit__()
         if self.operator.process is None:  # stopped between a kill and its restart
             self.operator.start()
 
     def finish(self, timeout: float = 600) -> None:
         """Waits until every planned kill happened and the last new process reconciled."""
-        if self._thread is not None:
-            self._thread.join(timeout=timeout)
+        self.thread.join(timeout=timeout)
         assert len(self.kills) == self.count, (self.kills, self.errors)
 
-    def _run(self) -> None:
+    def run_loop(self, stop: threading.Event) -> None:
         for _ in range(self.count):
-            if self._stop.wait(self._rng.uniform(1.0, self.spread)):
+            if stop.wait(self._rng.uniform(1.0, self.spread)):
                 return
             at = round(time.monotonic() - self._began, 1)
             offset = len(self.operator.log_text())

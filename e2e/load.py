@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from background import Background
 from engine_cluster import complete, engine_url, revision_pods
 from testbed import ClusterEnv, Kubectl
 
@@ -29,7 +30,7 @@ LABEL_REVISION = "specdeploy.dev/revision"
 
 
 @dataclass
-class CompletionLoad:
+class CompletionLoad(Background):
     """Completions to each ready pod of one SD, in a background thread."""
 
     kubectl: Kubectl
@@ -42,18 +43,8 @@ class CompletionLoad:
     max_seconds: float = 900.0
     sent: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __enter__(self) -> CompletionLoad:
-        self._thread = threading.Thread(target=self._run, name="completion load", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=120)
+    thread_name = "completion load"
+    join_seconds = 120.0
 
     def _ready_pods(self) -> list[tuple[str, str]]:
         """(revision, url) of each ready pod."""
@@ -66,17 +57,17 @@ class CompletionLoad:
                 found.append((revision, engine_url(self.cluster, pod)))
         return found
 
-    def _run(self) -> None:
+    def run_loop(self, stop: threading.Event) -> None:
         deadline = time.monotonic() + self.max_seconds
         turn = 0
-        while not self._stop.is_set() and time.monotonic() < deadline:
+        while not stop.is_set() and time.monotonic() < deadline:
             try:
                 pods = self._ready_pods()
             except Exception as error:  # the API or a pod going away: try the next round
                 self.errors.append(f"listing pods: {error}")
                 pods = []
             if not pods:
-                self._stop.wait(1.0)
+                stop.wait(1.0)
                 continue
             for revision, url in pods:
                 prompt = self.prompts[turn % len(self.prompts)]

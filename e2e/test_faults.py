@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from engine_cluster import OperatorProcess, operator_config, tiny_sd
+from engine_cluster import OperatorProcess, operator_config, operator_running, tiny_sd
 from engine_harness import engine_python, tiny_models
 from fault_injection import ServingSampler, is_ready
 from sd_bodies import H100, llama_8b
@@ -225,15 +225,8 @@ def local_process_operator(
     """The operator in local-process mode: the process kubelet runs its pods' engine command."""
     config = operator_config(str(engine_python), cluster.prometheus_url)
     running = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
-    running.start()
-    try:
+    with operator_running(running, kubectl, namespace):
         yield running
-    finally:
-        kubectl.run(
-            "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
-        )
-        running.stop()
-        print(f"--- operator log ({running.log_path}) ---\n{running.log_tail()}")
 
 
 def test_an_engine_that_crash_loops_is_named_in_ready_never_promoted_and_not_remade(
