@@ -53,9 +53,12 @@ ENGINE_READY_S = 420
 INTERVAL_S = 10
 FAILURE_LIMIT = 2
 SCRAPE_S = 2  # the test bed's Prometheus scrape interval
+# `make soak` widens the window: on a crowded machine the engines are slow, and a 20 s window
+# can hold fewer draft tokens than a verdict needs, which holds the analysis (Inconclusive).
+WINDOW_S = int(os.environ.get("SPECDEPLOY_CANARY_WINDOW_SECONDS", "20"))
 ANALYSIS = {
     "interval": f"{INTERVAL_S}s",
-    "window": "20s",
+    "window": f"{WINDOW_S}s",
     "minDraftTokens": 60,
     "minAcceptanceRate": 0.5,
     "maxDropVsStable": 0.3,
@@ -228,7 +231,7 @@ def test_a_bad_draft_is_rolled_back_by_itself_while_the_stable_pair_serves(bed: 
         print(f"\nrollback: {took:.1f}s from the canary's first analysed moment; load {load.sent}")
 
     # The operator's restarts (kill to its next reconcile) count on top of the analysis time.
-    bound = SCRAPE_S + INTERVAL_S * FAILURE_LIMIT + 30 + killer.downtime()
+    bound = SCRAPE_S + INTERVAL_S * FAILURE_LIMIT + 30 + killer.downtime() + (WINDOW_S - 20)
     assert took <= bound, f"rollback took {took:.1f}s, more than {bound}s"
     assert load.sent[canary] > 0, "the canary served traffic"
     sampler.check()

@@ -27,7 +27,9 @@ RESULTS = REPO / "bench" / "results"
 TESTS = "rolled_back or promoted or collapsed"
 
 
-def run_tests(seed: int, kills: int, spread: float, results: Path) -> tuple[int, float]:
+def run_tests(
+    seed: int, kills: int, spread: float, window: int, results: Path
+) -> tuple[int, float]:
     env = {
         **os.environ,
         "SPECDEPLOY_E2E_REQUIRED": "1",
@@ -35,6 +37,7 @@ def run_tests(seed: int, kills: int, spread: float, results: Path) -> tuple[int,
         "SPECDEPLOY_FAULT_KILLS": str(kills),
         "SPECDEPLOY_FAULT_SPREAD": str(spread),
         "SPECDEPLOY_FAULT_RESULTS": str(results),
+        "SPECDEPLOY_CANARY_WINDOW_SECONDS": str(window),
         "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "e2e")]),
     }
     command = [sys.executable, "-m", "pytest", "-m", "e2e", "-p", "no:cacheprovider", "-q"]
@@ -50,7 +53,8 @@ def summary(report: dict[str, Any]) -> str:
         "",
         f"`make soak` on {report['date']}: seed {report['seed']}, {report['kills']} kills in "
         f"{len(report['runs'])} rollouts, {report['minutes']} min, pytest exit "
-        f"{report['pytest_exit']} ({'passed' if report['passed'] else 'FAILED'}).",
+        f"{report['pytest_exit']} ({'passed' if report['passed'] else 'FAILED'}); analysis window "
+        f"{report['analysis_window_seconds']} s.",
         "",
         "| rollout | outcome | kills | phases at the kills | verdict intervals | samples "
         "| samples with no Ready pod |",
@@ -81,12 +85,18 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=7, help="operator kills per rollout")
     parser.add_argument("--spread", type=float, default=10.0, help="most seconds between kills")
     parser.add_argument("--min-kills", type=int, default=20)
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=60,
+        help="analysis window in seconds (wider than CI's 20 s, for a crowded machine)",
+    )
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     print(f"soak: seed {seed}, {args.kills} kills per rollout", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         results = Path(folder) / "runs.jsonl"
-        code, seconds = run_tests(seed, args.kills, args.spread, results)
+        code, seconds = run_tests(seed, args.kills, args.spread, args.window, results)
         runs = (
             [json.loads(line) for line in results.read_text().splitlines()]
             if results.exists()
@@ -98,6 +108,7 @@ def main() -> int:
         "seed": seed,
         "kills_per_rollout": args.kills,
         "spread_seconds": args.spread,
+        "analysis_window_seconds": args.window,
         "kills": kills,
         "minutes": round(seconds / 60, 1),
         "pytest_exit": code,
