@@ -28,6 +28,9 @@ from background import Background
 from engine_cluster import REVISION_LABEL, OperatorProcess, revision_pods
 from testbed import Kubectl
 
+#: The test each seed was drawn for (fault_seed), to name a run's kills in the results.
+NAMES: dict[int, str] = {}
+
 
 def fault_seed(name: str) -> int:
     """The seed of this test's random kill points, printed so the run can be replayed.
@@ -38,6 +41,7 @@ def fault_seed(name: str) -> int:
     given = os.environ.get("SPECDEPLOY_FAULT_SEED")
     base = int(given) if given else random.SystemRandom().randrange(1 << 32)
     seed = (base + zlib.crc32(name.encode())) % (1 << 32)
+    NAMES[seed] = name
     print(f"\n{name}: fault seed {seed} (replay with SPECDEPLOY_FAULT_SEED={base})")
     return seed
 
@@ -137,6 +141,11 @@ class OperatorKiller(Background):
         super().__exit__()
         if self.operator.process is None:  # stopped between a kill and its restart
             self.operator.start()
+        # The kills are written whatever the test's end, so a failed run shows them too.
+        _append({"test": NAMES.get(self.seed, ""), "seed": self.seed, "kills": self.points()})
+
+    def points(self) -> list[dict[str, Any]]:
+        return [asdict(k) for k in self.kills]
 
     def finish(self, timeout: float = 600) -> None:
         """Waits until every planned kill happened and the last new process reconciled."""
@@ -181,19 +190,22 @@ class OperatorKiller(Background):
         return sum(k.down_for for k in self.kills)
 
 
-def record_run(test: str, seed: int, outcome: str, **facts: Any) -> None:
-    """Appends one run (its kills, outcome and checks) to SPECDEPLOY_FAULT_RESULTS, if set."""
+def _append(line: Mapping[str, Any]) -> None:
     path = os.environ.get("SPECDEPLOY_FAULT_RESULTS")
-    if not path:
-        return
+    if path:
+        with Path(path).open("a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+def record_run(test: str, seed: int, outcome: str, **facts: Any) -> None:
+    """Appends one finished run (its outcome and checks) to SPECDEPLOY_FAULT_RESULTS, if set."""
     kills = facts.pop("killer", None)
     sampler = facts.pop("sampler", None)
     line: dict[str, Any] = {"test": test, "seed": seed, "outcome": outcome, **facts}
     if isinstance(kills, OperatorKiller):
-        line["kills"] = [asdict(k) for k in kills.kills]
+        line["kills"] = kills.points()
     if isinstance(sampler, ServingSampler):
         line["samples"] = len(sampler.samples)
         line["samples_without_a_serving_revision"] = len(sampler.gaps())
         line["sampling_errors"] = len(sampler.errors)
-    with Path(path).open("a") as out:
-        out.write(json.dumps(line) + "\n")
+    _append(line)

@@ -47,6 +47,17 @@ def run_tests(
     return done.returncode, time.monotonic() - began
 
 
+def merge_runs(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per rollout: the finished run's line, or, when its test failed before the
+    end, only the kills its killer wrote (outcome "failed")."""
+    finished = {line["seed"]: line for line in lines if "outcome" in line}
+    runs = list(finished.values())
+    for line in lines:
+        if "outcome" not in line and line["seed"] not in finished:
+            runs.append({**line, "outcome": "failed"})
+    return runs
+
+
 def summary(report: dict[str, Any]) -> str:
     lines = [
         "# Soak: the operator SIGKILLed during canaries and a collapse fallback",
@@ -97,11 +108,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         results = Path(folder) / "runs.jsonl"
         code, seconds = run_tests(seed, args.kills, args.spread, args.window, results)
-        runs = (
-            [json.loads(line) for line in results.read_text().splitlines()]
-            if results.exists()
-            else []
-        )
+        lines = results.read_text().splitlines() if results.exists() else []
+    runs = merge_runs([json.loads(line) for line in lines])
     kills = sum(len(run.get("kills", [])) for run in runs)
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
