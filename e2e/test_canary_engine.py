@@ -233,7 +233,11 @@ def test_a_bad_draft_is_rolled_back_by_itself_while_the_stable_pair_serves(bed: 
     # The operator's restarts (kill to its next reconcile) count on top of the analysis time.
     bound = SCRAPE_S + INTERVAL_S * FAILURE_LIMIT + 30 + killer.downtime() + (WINDOW_S - 20)
     assert took <= bound, f"rollback took {took:.1f}s, more than {bound}s"
-    assert load.sent[canary] > 0, "the canary served traffic"
+    # The canary got traffic: completions finished, or in flight when the rollback stopped it
+    # (on a slow machine one completion can outlast the canary; its failed verdicts below
+    # counted at least 60 draft tokens on it all the same).
+    sent = load.sent[canary] + sum(e.startswith(f"{canary}:") for e in load.errors)
+    assert sent > 0, ("the canary got no traffic", load.sent, load.errors)
     sampler.check()
     status = bed.status()
     assert status["stableRevision"] == stable

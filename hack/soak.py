@@ -28,7 +28,7 @@ TESTS = "rolled_back or promoted or collapsed"
 
 
 def run_tests(
-    seed: int, kills: int, spread: float, window: int, results: Path
+    seed: int, kills: int, spread: float, window: int, results: Path, *, tests: str = TESTS
 ) -> tuple[int, float]:
     env = {
         **os.environ,
@@ -41,7 +41,7 @@ def run_tests(
         "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "e2e")]),
     }
     command = [sys.executable, "-m", "pytest", "-m", "e2e", "-p", "no:cacheprovider", "-q"]
-    command += ["-rA", str(REPO / "e2e" / "test_canary_engine.py"), "-k", TESTS]
+    command += ["-rA", str(REPO / "e2e" / "test_canary_engine.py"), "-k", tests]
     began = time.monotonic()
     done = subprocess.run(command, env=env, cwd=REPO, check=False)
     return done.returncode, time.monotonic() - began
@@ -96,6 +96,8 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=7, help="operator kills per rollout")
     parser.add_argument("--spread", type=float, default=10.0, help="most seconds between kills")
     parser.add_argument("--min-kills", type=int, default=20)
+    parser.add_argument("--tests", default=TESTS, help="pytest -k expression (default: all three)")
+    parser.add_argument("--name", default="soak", help="results: bench/results/<name>.json/.md")
     parser.add_argument(
         "--window",
         type=int,
@@ -107,7 +109,9 @@ def main() -> int:
     print(f"soak: seed {seed}, {args.kills} kills per rollout", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         results = Path(folder) / "runs.jsonl"
-        code, seconds = run_tests(seed, args.kills, args.spread, args.window, results)
+        code, seconds = run_tests(
+            seed, args.kills, args.spread, args.window, results, tests=args.tests
+        )
         lines = results.read_text().splitlines() if results.exists() else []
     runs = merge_runs([json.loads(line) for line in lines])
     kills = sum(len(run.get("kills", [])) for run in runs)
@@ -124,8 +128,8 @@ def main() -> int:
         "runs": runs,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "soak.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / "soak.md").write_text(summary(report))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{args.name}.md").write_text(summary(report))
     print(summary(report))
     if kills < args.min_kills:
         print(f"soak: only {kills} kills, fewer than {args.min_kills}", file=sys.stderr)
