@@ -79,14 +79,18 @@ def summary(report: dict[str, Any]) -> str:
             f"| {intervals if intervals is not None else 'n/a'} | {run.get('samples')} "
             f"| {run.get('samples_without_a_serving_revision')} |"
         )
+    failed = [run["test"] for run in report["runs"] if run["outcome"] == "failed"]
     lines += [
         "",
-        "Each rollout ended as an undisturbed one does (RolledBack, promoted, speculation "
-        "Disabled after the collapse), with its history and verdicts intact and its verdict "
-        "intervals strictly increasing; the phase is the SD's as the restarted operator found "
-        "it. Details per kill (moment, analysis interval, restart time) in soak.json.",
+        "A rollout with an outcome passed every check of its test: the outcome of an undisturbed "
+        "run (RolledBack, promoted, speculation Disabled after the collapse) standing after the "
+        "last kill, its history and verdicts intact, its verdict intervals strictly increasing, "
+        "a Ready pod at every sample. The phases are the SD's as each restarted operator found "
+        "it; every kill's moment, analysis interval and restart time are in the JSON file.",
         "",
     ]
+    if failed:
+        lines += [f"Failed (see the pytest output): {', '.join(failed)}.", ""]
     return "\n".join(lines)
 
 
