@@ -27,13 +27,13 @@ from engine_cluster import OperatorProcess, operator_config, operator_running, t
 from engine_harness import engine_python, tiny_models
 from fault_injection import ServingSampler, is_ready
 from sd_bodies import H100, llama_8b
-from test_operator import condition, items, operator, sd_of, wait_ready
+from test_operator import condition, items, sd_of, wait_ready
 from testbed import ClusterEnv, Kubectl, eventually
 from testbed.faults import paused, restart, stopped
 
 pytestmark = pytest.mark.e2e
 
-__all__ = ["engine_python", "operator", "tiny_models"]  # fixtures used here
+__all__ = ["engine_python", "tiny_models"]  # fixtures used here (operator: conftest)
 
 NAME = "faulty"
 REVISION_LABEL = "specdeploy.dev/revision"
