@@ -76,46 +76,73 @@ class Reconciler:
         self.catalog = catalog_for_config(config)
         self.shapes = ModelShapes(config.model_config_url)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._waiting: dict[tuple[str, str], _Waiting] = {}
         self._locks_guard = threading.Lock()
 
-    def _lock(self, namespace: str, name: str) -> threading.Lock:
-        with self._locks_guard:
-            return self._locks.setdefault((namespace, name), threading.Lock())
-
     def reconcile(self, namespace: str, name: str) -> None:
-        """Brings one SpeculativeDeployment's children and status in line with its spec."""
-        with self._lock(namespace, name):
-            body = self.kube.get_speculative_deployment(namespace, name)
-            if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        """Brings one SpeculativeDeployment's children and status in line with its spec.
+
+        One reconcile of an SD runs at a time. A request that finds another one already waiting
+        for it (not yet reading) joins that one instead of queueing a further reconcile: the
+        waiting one reads the world after both requests were made, so it sees whatever caused
+        either. The joiner returns (or raises) what the reconcile it joined did."""
+        key = (namespace, name)
+        with self._locks_guard:
+            waiting = self._waiting.get(key)
+            if waiting is None:
+                waiting = self._waiting[key] = _Waiting()
+                lock = self._locks.setdefault(key, threading.Lock())
+                joined = False
+            else:
+                joined = True
+        if joined:
+            waiting.done.wait()
+            if waiting.error is not None:
+                raise waiting.error
+            return
+        with lock:
+            with self._locks_guard:
+                del self._waiting[key]
+            try:
+                self._reconcile_locked(namespace, name)
+            except BaseException as error:
+                waiting.error = error
+                raise
+            finally:
+                waiting.done.set()
+
+    def _reconcile_locked(self, namespace: str, name: str) -> None:
+        body = self.kube.get_speculative_deployment(namespace, name)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        status = _status_of(body)
+        generation = (body.get("metadata") or {}).get("generation")
+        if refused_generation(status, generation) is not None:
+            # A child write of this generation was refused for good: nothing is sent until
+            # the spec changes (plan.refusal).
+            log.debug("%s/%s: generation %s refused; not retried", namespace, name, generation)
+            return
+        writes = self.kube.write_requests
+        with self.metrics.reconcile_seconds.time():
+            try:
+                decision = decide(self.observe(body), self.config, self.catalog, self.clock())
+                self.apply(body, decision)
+            except WriteRefusedError as error:
+                self.metrics.reconciles.labels("error").inc()
+                self.record_refusal(body, status, generation, error)
                 return
-            status = _status_of(body)
-            generation = (body.get("metadata") or {}).get("generation")
-            if refused_generation(status, generation) is not None:
-                # A child write of this generation was refused for good: nothing is sent until
-                # the spec changes (plan.refusal).
-                log.debug("%s/%s: generation %s refused; not retried", namespace, name, generation)
-                return
-            writes = self.kube.write_requests
-            with self.metrics.reconcile_seconds.time():
-                try:
-                    decision = decide(self.observe(body), self.config, self.catalog, self.clock())
-                    self.apply(body, decision)
-                except WriteRefusedError as error:
-                    self.metrics.reconciles.labels("error").inc()
-                    self.record_refusal(body, status, generation, error)
-                    return
-                except Exception:
-                    self.metrics.reconciles.labels("error").inc()
-                    raise
-            self.metrics.reconciles.labels("ok").inc()
-            self.metrics.count_events(decision.events)
-            self.metrics.set_acceptance(namespace, name, decision.acceptance_rate)
-            log.debug(
-                "reconciled %s/%s (%d API writes meanwhile)",
-                namespace,
-                name,
-                self.kube.write_requests - writes,
-            )
+            except Exception:
+                self.metrics.reconciles.labels("error").inc()
+                raise
+        self.metrics.reconciles.labels("ok").inc()
+        self.metrics.count_events(decision.events)
+        self.metrics.set_acceptance(namespace, name, decision.acceptance_rate)
+        log.debug(
+            "reconciled %s/%s (%d API writes meanwhile)",
+            namespace,
+            name,
+            self.kube.write_requests - writes,
+        )
 
     def record_refusal(
         self,
@@ -267,6 +294,14 @@ class Reconciler:
 def _status_of(body: Mapping[str, Any]) -> SpeculativeDeploymentStatus | None:
     raw = body.get("status")
     return SpeculativeDeploymentStatus.model_validate(raw) if isinstance(raw, Mapping) else None
+
+
+class _Waiting:
+    """A reconcile requested and not started yet, which later requests join."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
