@@ -118,9 +118,13 @@ soak: venv tools system-deps engine-venv prometheus-operator-crd ## Operator SIG
 demo: venv tools system-deps engine-venv prometheus-operator-crd ## Local cluster + operator + CPU vLLM: a good pair served, a mismatched one refused (KEEP=1 leaves it running)
 	$(PY) hack/demo.py
 
+# Small request counts by default: the machine and its CPU are shared.
+BENCH_ENGINE_ARGS ?= --concurrency 1,4 --repeats 1 --requests-per-level 8 --max-tokens 64
+BENCH_SCALE_COUNTS ?= 10,100,1000
+
 .PHONY: bench-engine
 bench-engine: venv engine-venv ## CPU engine tokens/s and latency with and without speculation
-	$(PY) hack/bench-engine.py
+	$(PY) hack/bench-engine.py $(BENCH_ENGINE_ARGS)
 
 .PHONY: bench-autotune
 bench-autotune: venv engine-venv ## P4: the autotuner's k against a sweep of k=1..8 on the CPU engine (not in CI)
@@ -130,8 +134,28 @@ bench-autotune: venv engine-venv ## P4: the autotuner's k against a sweep of k=1
 bench-plan: venv ## Cost of one reconcile's pure decisions per example (no cluster)
 	$(PY) hack/bench-plan.py
 
+.PHONY: bench-rollout
+bench-rollout: venv tools system-deps ## P1 on KWOK pods: SD -> Ready vs a raw Deployment -> ready
+	$(PY) hack/bench-operator.py p1
+
+.PHONY: bench-scale
+bench-scale: venv tools system-deps ## P2: 10/100/1,000 SDs under one operator (BENCH_SCALE_COUNTS)
+	$(PY) hack/bench-operator.py scale --counts $(BENCH_SCALE_COUNTS)
+
+.PHONY: bench-engine-cluster
+bench-engine-cluster: venv tools system-deps engine-venv ## P1 with CPU engines, P3 reaction, P4 pass-through
+	$(PY) hack/bench-engine-cluster.py p1 p3
+
+.PHONY: bench-report
+bench-report: venv ## bench/results/report.md, its plots and the table in docs/benchmarks.md
+	$(PY) hack/bench-report.py
+
+BENCH_PARTS := bench-plan bench-rollout bench-engine-cluster bench-engine bench-scale
+
 .PHONY: bench
-bench: bench-plan bench-engine ## Every benchmark; results in bench/results/
+bench: venv tools system-deps engine-venv ## Every benchmark (not in CI), then the report, even when a part fails; results in bench/results/
+	status=0; for part in $(BENCH_PARTS); do $(MAKE) --no-print-directory $$part || status=1; done; \
+	$(MAKE) --no-print-directory bench-report; exit $$status
 
 .PHONY: test
 test: lint unit chart-lint e2e ## Everything: lint, unit, the chart and end-to-end

@@ -1,0 +1,498 @@
+#!/usr/bin/env python3
+"""The operator with real CPU engines (process kubelet): rollout overhead (P1), pass-through of the
+engine it starts (P4), and how fast a bad canary and a collapse are acted on (P3).
+
+    make bench-engine-cluster   # or: PYTHONPATH=operator:e2e python hack/bench-engine-cluster.py
+
+p1+p4: the tiny pair as an SD (apply -> Ready) and the same pod template as a raw Deployment
+(create -> ready replicas), alternating; while the SD's engine serves, streamed completions
+measure its tokens/s and inter-token latency, then the very same vLLM command line and
+environment (read from the running engine's /proc) is started by hand and measured alike.
+Writes bench/results/p1-engine.json and passthrough.json.
+
+p3: a canary of a bad draft (about 0 % accepted) under load: from its first served request to
+the stable revision being the only one serving, over its floor (scrape interval + interval x
+failureLimit); then a collapse guard whose floor the serving pair cannot reach: from the first
+request served under the guard to the fallback decided (and to the fallback serving), over its
+floor (scrape interval + collapseGuard.for). Writes bench/results/p3-reaction.json.
+At most two engines run at once; request counts are small (the CPU is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import (
+    Bed,
+    free_port,
+    log,
+    median,
+    poll_until,
+    raw_copy,
+    sd_ready,
+    time_deployment_ready,
+    time_sd_ready,
+    write_result,
+)
+from engine_cluster import (
+    engine_url,
+    operator_config,
+    revision_pods,
+    tiny_sd,
+)
+from engine_harness import build_tiny_models, engine_python_path
+from load import CompletionLoad
+from specdeploy.api import labels
+from testbed import eventually
+
+SCRAPE_S = 2.0  # the test bed's Prometheus scrape interval
+TIMER_S = 2.0  # the operator's timer in P3 (as in the canary e2e suite)
+INTERVAL_S = 10
+FAILURE_LIMIT = 2
+COLLAPSE_FOR_S = 10
+ENGINE_TIMEOUT_S = 600
+PROMPTS = ["The cat sat on the", "In the morning the queue", "A node sees", "The scheduler"]
+ANALYSIS = {
+    "interval": f"{INTERVAL_S}s",
+    "window": "20s",
+    "minDraftTokens": 60,
+    "minAcceptanceRate": 0.5,
+    "maxDropVsStable": 0.3,
+    "maxLatencyIncrease": 3.0,
+    "failureLimit": FAILURE_LIMIT,
+    "promoteAfter": 2,
+    "onInconclusive": "Hold",
+}
+
+
+# --- streaming completions ---------------------------------------------------------------------
+
+
+def stream_one(url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+    """(seconds to the last token, mean seconds between tokens after the first, tokens) of one
+    greedy streamed completion."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(
+        url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    began = time.monotonic()
+    first = last = began
+    tokens = 0
+    with urllib.request.urlopen(request, timeout=300) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                now = time.monotonic()
+                if first == began:
+                    first = now
+                last = now
+    itl = (last - first) / (tokens - 1) if tokens > 1 else 0.0
+    return last - began, itl, tokens
+
+
+def measure_engine(url: str, model: str, requests: int, max_tokens: int) -> dict[str, Any]:
+    """Two warm-up completions, then `requests` sequential streamed ones."""
+    for prompt in PROMPTS[:2]:
+        stream_one(url, model, prompt, max_tokens)
+    walls, itls, tokens = [], [], 0
+    for i in range(requests):
+        wall, itl, count = stream_one(url, model, PROMPTS[i % len(PROMPTS)], max_tokens)
+        walls.append(wall)
+        itls.append(itl)
+        tokens += count
+    return {
+        "requests": requests,
+        "max_tokens": max_tokens,
+        "output_tokens": tokens,
+        "tokens_per_s": round(tokens / sum(walls), 2),
+        "itl_median_ms": round(median(itls) * 1000, 2),
+    }
+
+
+def engine_process(port: int) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of the engine serving on a local port (the launcher
+    execs vLLM, so that process is vLLM itself)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")[:-1]
+            if b"vllm" not in b" ".join(argv) or str(port).encode() not in argv:
+                continue
+            env_items = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        env = dict(item.decode().split("=", 1) for item in env_items if b"=" in item)
+        return [a.decode() for a in argv], env
+    raise RuntimeError(f"no vLLM process serving port {port}")
+
+
+@contextlib.contextmanager
+def hand_started(argv: list[str], env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """The same command line started by hand on a free port; yields its URL once healthy."""
+    port = free_port()
+    args = list(argv)
+    index = args.index("--port")
+    args[index + 1] = str(port)
+    with log_path.open("wb") as out:
+        process = subprocess.Popen(
+            args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def healthy() -> bool:
+            assert process.poll() is None, log_path.read_text(errors="replace")[-3000:]
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2).close()
+            except OSError:
+                return False
+            return True
+
+        eventually(healthy, ENGINE_TIMEOUT_S, "the hand-started engine")
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, 15)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, 9)
+            process.wait(10)
+
+
+# --- P1 with engines, and P4 ---------------------------------------------------------------------
+
+
+def pods_gone(bed: Bed, namespace: str) -> None:
+    eventually(
+        lambda: not bed.core.list_namespaced_pod(namespace).items,
+        180,
+        f"no pods left in {namespace}",
+    )
+
+
+def p1_and_p4(
+    bed: Bed,
+    *,
+    python: Path,
+    models: dict[str, str],
+    workdir: Path,
+    runs: int,
+    requests: int,
+    max_tokens: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    namespace = bed.namespace("bench-engine")
+    config = operator_config(str(python), bed.env.prometheus_url, interval=30)
+    running, _ = bed.operator(workdir / "p1-engine", (namespace,), config)
+    running.start()
+    sd_times: list[float] = []
+    raw_times: list[float] = []
+    passthrough: dict[str, Any] = {}
+    template: dict[str, Any] | None = None
+    try:
+        for run in range(runs):
+            order = ("sd", "raw") if run % 2 == 0 or template is None else ("raw", "sd")
+            for kind in order:
+                if kind == "sd":
+                    name = f"e-{run}"
+                    body = tiny_sd(name, namespace, models, "draft-small", "1")
+                    took = time_sd_ready(bed, body, ENGINE_TIMEOUT_S)
+                    sd_times.append(took)
+                    [deployment] = bed.kubectl.get_json(
+                        "deployments", "-n", namespace, "-l", f"{labels.NAME}={name}"
+                    )["items"]
+                    template = copy.deepcopy(deployment)
+                    if not passthrough:
+                        passthrough = p4(
+                            bed, namespace=namespace, name=name, models=models,
+                            workdir=workdir, requests=requests, max_tokens=max_tokens,
+                        )  # fmt: skip
+                    bed.delete_sds(namespace)
+                else:
+                    assert template is not None
+                    raw = raw_copy(template, f"raw-{run}")
+                    took = time_deployment_ready(bed, raw, ENGINE_TIMEOUT_S)
+                    raw_times.append(took)
+                    bed.apps.delete_namespaced_deployment(
+                        raw["metadata"]["name"], namespace, propagation_policy="Foreground"
+                    )
+                log(f"p1-engine run {run} {kind}: {took:.1f}s")
+                pods_gone(bed, namespace)
+    finally:
+        bed.delete_sds(namespace)
+        running.stop()
+        bed.drop_namespace(namespace)
+    p1 = {
+        "what": "tiny pair (draft_model) as an SD -> Ready vs the same pod template as a raw "
+        "Deployment -> ready replicas; real CPU vLLM engines run by the process kubelet; "
+        "operator timer 30s; alternating",
+        "runs": runs,
+        "sd_seconds": [round(t, 2) for t in sd_times],
+        "raw_seconds": [round(t, 2) for t in raw_times],
+        "sd_median_s": round(median(sd_times), 2),
+        "raw_median_s": round(median(raw_times), 2),
+        "ratio": round(median(sd_times) / median(raw_times), 3),
+        "target_ratio": 1.05,
+    }
+    return p1, passthrough
+
+
+def p4(
+    bed: Bed,
+    *,
+    namespace: str,
+    name: str,
+    models: dict[str, str],
+    workdir: Path,
+    requests: int,
+    max_tokens: int,
+) -> dict[str, Any]:
+    [pod] = [
+        p
+        for p in revision_pods(bed.kubectl, namespace, name)
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+    url = engine_url(bed.env, pod)
+    port = int(url.rsplit(":", 1)[1])
+    argv, env = engine_process(port)
+    model = models["target"]
+    served = argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else model
+    log(f"p4: measuring the operator's engine ({url})")
+    by_operator = measure_engine(url, served, requests, max_tokens)
+    log(f"p4 operator: {by_operator}")
+    bed.delete_sds(namespace)
+    pods_gone(bed, namespace)
+    log("p4: the same command line started by hand")
+    with hand_started(argv, env, workdir / "hand-engine.log") as hand_url:
+        by_hand = measure_engine(hand_url, served, requests, max_tokens)
+    log(f"p4 hand: {by_hand}")
+    return {
+        "what": "the engine of an SD pod (operator -> process kubelet -> launcher -> vLLM) vs "
+        "the same vLLM command line and environment started by hand, one after the other; "
+        "streamed greedy completions at concurrency 1",
+        "command": argv,
+        "operator": by_operator,
+        "hand": by_hand,
+        "tokens_per_s_ratio": round(by_operator["tokens_per_s"] / by_hand["tokens_per_s"], 3),
+        "itl_ratio": round(by_hand["itl_median_ms"] / by_operator["itl_median_ms"], 3),
+        "target_ratio": 0.97,
+    }
+
+
+# --- P3 ------------------------------------------------------------------------------------------
+
+
+class FirstServed(Counter[str]):
+    """A Counter that notes when each key was first counted (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: dict[str, float] = {}
+
+    def __setitem__(self, key: str, value: int) -> None:
+        if value > 0 and key not in self.first:
+            self.first[key] = time.monotonic()
+        super().__setitem__(key, value)
+
+
+def canary_sd(namespace: str, models: dict[str, str], draft: str, version: str) -> dict[str, Any]:
+    body = tiny_sd("canary", namespace, models, draft, version)
+    body["spec"]["rollout"] = {"canary": {"replicas": 1}, "analysis": dict(ANALYSIS)}
+    return body
+
+
+class Reaction:
+    """The canary SD of P3 and what the measurements read of it."""
+
+    def __init__(self, bed: Bed, namespace: str, models: dict[str, str]) -> None:
+        self.bed, self.namespace, self.models = bed, namespace, models
+
+    def status(self) -> dict[str, Any]:
+        found: dict[str, Any] = self.bed.get_sd(self.namespace, "canary").get("status") or {}
+        return found
+
+    def serving(self) -> set[str]:
+        """Revisions with a pod not being deleted."""
+        return {
+            p["metadata"]["labels"][labels.REVISION]
+            for p in revision_pods(self.bed.kubectl, self.namespace, "canary")
+            if not p["metadata"].get("deletionTimestamp")
+        }
+
+    def serving_ready(self, other_than: str | None = None) -> str:
+        """Waits for the SD to be Ready with a stable revision (other than `other_than`)."""
+
+        def found() -> str | None:
+            sd = self.bed.get_sd(self.namespace, "canary")
+            stable = (sd.get("status") or {}).get("stableRevision")
+            ok = sd_ready(sd) and stable and stable != other_than
+            return str(stable) if ok else None
+
+        revision: str = eventually(found, ENGINE_TIMEOUT_S, "the SD Ready")
+        return revision
+
+    def load(self, counter: FirstServed) -> CompletionLoad:
+        return CompletionLoad(
+            self.bed.kubectl,
+            self.namespace,
+            "canary",
+            self.models["target"],
+            self.bed.env,
+            sent=counter,
+        )
+
+    def apply(self, body: dict[str, Any]) -> None:
+        self.bed.kubectl.apply([body])
+
+    def rollback(self) -> dict[str, Any]:
+        """A bad draft's canary under load: first served request -> only the stable serves."""
+        self.apply(canary_sd(self.namespace, self.models, "draft-small", "1-small"))
+        stable = self.serving_ready()
+        counter = FirstServed()
+        with self.load(counter):
+            self.apply(canary_sd(self.namespace, self.models, "draft-bad", "2-bad"))
+            canary = eventually(
+                lambda: self.status().get("canaryRevision"), ENGINE_TIMEOUT_S, "the canary"
+            )
+            eventually(lambda: canary in counter.first, ENGINE_TIMEOUT_S, "the canary served")
+
+            def rolled_back() -> bool:
+                analysis = self.status().get("analysis") or {}
+                return analysis.get("outcome") == "Rollback" and self.serving() == {stable}
+
+            poll_until(rolled_back, 300, "the bad canary rolled back")
+            took = time.monotonic() - counter.first[canary]
+        floor = SCRAPE_S + INTERVAL_S * FAILURE_LIMIT
+        log(f"p3 rollback: {took:.1f}s, floor {floor}s")
+        return {"seconds": round(took, 1), "floor_s": floor, "ratio": round(took / floor, 2)}
+
+    def collapse(self) -> dict[str, Any]:
+        """A guard whose floor the serving pair cannot meet: first request served under it ->
+        speculation off decided, and -> the fallback serving."""
+        guarded = canary_sd(self.namespace, self.models, "draft-small", "1-small")
+        guarded["spec"]["rollout"]["collapseGuard"] = {
+            "floor": 0.95,
+            "for": f"{COLLAPSE_FOR_S}s",
+            "action": "DisableSpeculation",
+        }
+        self.apply(guarded)
+        time.sleep(2 * TIMER_S)  # the guard is in the operator's hands before any traffic
+        pair = self.serving_ready()
+        counter = FirstServed()
+        with self.load(counter):
+            eventually(lambda: pair in counter.first, 120, "the pair served under the guard")
+            onset = counter.first[pair]
+
+            def decided() -> bool:
+                return (self.status().get("speculation") or {}).get("state") == "Off"
+
+            poll_until(decided, 300, "the collapse acted on")
+            decided_s = time.monotonic() - onset
+            fallback = self.serving_ready(other_than=pair)
+            eventually(lambda: fallback in counter.first, ENGINE_TIMEOUT_S, "the fallback served")
+            served_s = counter.first[fallback] - onset
+        floor = SCRAPE_S + COLLAPSE_FOR_S
+        log(f"p3 collapse: decided {decided_s:.1f}s, fallback served {served_s:.1f}s")
+        return {
+            "decided_s": round(decided_s, 1),
+            "fallback_served_s": round(served_s, 1),
+            "floor_s": floor,
+            "ratio": round(decided_s / floor, 2),
+            "ratio_to_fallback_served": round(served_s / floor, 2),
+        }
+
+
+def p3(bed: Bed, python: Path, models: dict[str, str], workdir: Path) -> dict[str, Any]:
+    namespace = bed.namespace("bench-reaction")
+    config = operator_config(str(python), bed.env.prometheus_url, interval=TIMER_S)
+    running, _ = bed.operator(workdir / "p3", (namespace,), config)
+    running.start()
+    result: dict[str, Any] = {
+        "what": "canary of a bad draft under load, and a collapse guard the serving pair cannot "
+        f"meet; Prometheus scrape {SCRAPE_S:.0f}s, operator timer {TIMER_S:.0f}s, analysis "
+        f"interval {INTERVAL_S}s, failureLimit {FAILURE_LIMIT}, collapseGuard.for "
+        f"{COLLAPSE_FOR_S}s; times polled every 0.25s",
+        "scrape_s": SCRAPE_S,
+        "timer_s": TIMER_S,
+        "interval_s": INTERVAL_S,
+        "failure_limit": FAILURE_LIMIT,
+        "collapse_for_s": COLLAPSE_FOR_S,
+        "target_ratio": 1.2,
+    }
+    reaction = Reaction(bed, namespace, models)
+    try:
+        result["rollback"] = reaction.rollback()
+        result["collapse"] = reaction.collapse()
+    except (TimeoutError, AssertionError) as error:
+        result["error"] = f"{type(error).__name__}: {error}"
+        log(f"p3 stopped: {result['error']}")
+    finally:
+        bed.delete_sds(namespace)
+        running.stop()
+        bed.drop_namespace(namespace)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("parts", nargs="*", default=["p1", "p3"], choices=["p1", "p3"])
+    parser.add_argument("--runs", type=int, default=2, help="P1 runs of each kind")
+    parser.add_argument("--requests", type=int, default=8, help="P4 measured completions")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--workdir", default=None, help="keep logs here")
+    args = parser.parse_args()
+    bed = Bed()
+    python = engine_python_path()
+    models = build_tiny_models(python)
+    with tempfile.TemporaryDirectory(prefix="bench-engine-cluster-") as folder:
+        workdir = Path(args.workdir or folder)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if "p1" in args.parts:
+            p1, passthrough = p1_and_p4(
+                bed, python=python, models=models, workdir=workdir, runs=args.runs,
+                requests=args.requests, max_tokens=args.max_tokens,
+            )  # fmt: skip
+            write_result("p1-engine", p1)
+            write_result("passthrough", passthrough)
+        if "p3" in args.parts:
+            result = p3(bed, python, models, workdir)
+            write_result("p3-reaction", result)
+            if "error" in result:
+                raise SystemExit(f"p3: {result['error']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,500 @@
+#!/usr/bin/env python3
+"""The report of `make bench`: bench/results/report.md, PNG plots beside it, and the latest table
+in docs/benchmarks.md (between its `bench:latest` markers), from the JSON files in bench/results/.
+
+    make bench-report       # or: python hack/bench-report.py
+
+Reads only what the benchmarks wrote; a missing file is named in the report as not measured.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+DOC = REPO / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- bench:latest:begin -->", "<!-- bench:latest:end -->"
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return None
+    found: dict[str, Any] = json.loads(path.read_text())
+    return found
+
+
+def verdict(value: float | None, target: float, higher_is_better: bool = False) -> str:
+    if value is None:
+        return "not measured"
+    met = value >= target if higher_is_better else value <= target
+    return "met" if met else "**missed**"
+
+
+def fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.3g}{unit}" if abs(value) < 100 else f"{value:,.0f}{unit}"
+    return f"{value}{unit}"
+
+
+# --- plots -----------------------------------------------------------------------------------
+
+
+def plot_p1(kwok: dict[str, Any] | None, engine: dict[str, Any] | None) -> str | None:
+    settings = [(n, r) for n, r in (("KWOK pods", kwok), ("CPU engines", engine)) if r]
+    if not settings:
+        return None
+    figure, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.6))
+    axes_list = [axes] if len(settings) == 1 else list(axes)
+    for ax, (title, result) in zip(axes_list, settings, strict=True):
+        for x, (key, label) in enumerate((("raw_seconds", "raw Deployment"), ("sd_seconds", "SD"))):
+            values = result[key]
+            ax.bar(x, sorted(values)[len(values) // 2], color=("#999", "#36c")[x], alpha=0.6)
+            ax.scatter([x] * len(values), values, color="k", s=12, zorder=3)
+            ax.text(x, max(values), label, ha="center", va="bottom", fontsize=8)
+        ax.set_xticks([0, 1], ["raw", "SD"])
+        ax.set_ylabel("seconds to ready")
+        ax.set_title(f"{title}: ratio {result['ratio']} (target ≤ {result['target_ratio']})")
+    figure.tight_layout()
+    figure.savefig(RESULTS / "p1-rollout.png", dpi=110)
+    plt.close(figure)
+    return "p1-rollout.png"
+
+
+def key(name: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda point: point.get(name)
+
+
+def plot_scale(scale: dict[str, Any] | None) -> str | None:
+    if not scale or not scale.get("points"):
+        return None
+    points = scale["points"]
+    counts = [p["sds"] for p in points]
+    panels: list[tuple[str, list[tuple[str, Callable[[dict[str, Any]], Any]]], float | None]] = [
+        ("seconds until all Ready", [("all Ready", key("all_ready_s"))], None),
+        (
+            "operator RSS (MiB)",
+            [("idle", key("rss_idle_mib")), ("after resync", key("rss_after_resync_mib"))],
+            250,
+        ),
+        (
+            "API requests per idle minute",
+            [("reads", key("idle_reads_per_min")), ("writes", key("idle_writes_per_min"))],
+            None,
+        ),
+        ("seconds to resync after a restart", [("resync", key("resync_s"))], 30),
+        (
+            "reconcile duration (s)",
+            [("p50", key("reconcile_p50_s")), ("p99", key("reconcile_p99_s"))],
+            None,
+        ),
+    ]  # fmt: skip
+    figure, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
+    for ax, (title, series, target) in zip(axes, panels, strict=True):
+        for label, pick in series:
+            xs = [c for c, p in zip(counts, points, strict=True) if pick(p) is not None]
+            ys = [pick(p) for p in points if pick(p) is not None]
+            ax.plot(xs, ys, marker="o", label=label)
+        if target is not None:
+            ax.axhline(target, color="r", linestyle="--", linewidth=1, label="target")
+        ax.set_xscale("log")
+        ax.set_xlabel("SpeculativeDeployments")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(RESULTS / "p2-scale.png", dpi=110)
+    plt.close(figure)
+    return "p2-scale.png"
+
+
+def reaction_rows(p3: dict[str, Any]) -> list[tuple[str, float, float, float, float]]:
+    """(what, measured, specdeploy floor, Argo Rollouts, Flagger) in seconds."""
+    interval, limit, scrape = p3["interval_s"], p3["failure_limit"], p3["scrape_s"]
+    rows = []
+    if "rollback" in p3:
+        rows.append(
+            (
+                "bad canary → stable only",
+                p3["rollback"]["seconds"],
+                p3["rollback"]["floor_s"],
+                # Argo: a measurement at once, then each interval; Failed when failed >
+                # failureLimit, so failureLimit 1 rolls back at the 2nd failure (same count).
+                scrape + interval * (limit - 1),
+                # Flagger: one check per interval tick; rollback when failedChecks >= threshold.
+                scrape + interval * limit,
+            )
+        )
+    return rows
+
+
+def plot_p3(p3: dict[str, Any] | None) -> str | None:
+    if not p3 or "rollback" not in p3:
+        return None
+    figure, ax = plt.subplots(figsize=(6.5, 3.4))
+    labels = ["rollback", "collapse (decided)"]
+    measured = [p3["rollback"]["seconds"], (p3.get("collapse") or {}).get("decided_s", 0)]
+    floors = [p3["rollback"]["floor_s"], (p3.get("collapse") or {}).get("floor_s", 0)]
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], floors, width=0.4, color="#999", label="floor")
+    ax.bar([x + 0.2 for x in xs], measured, width=0.4, color="#36c", label="measured")
+    ax.axhline(0, color="k", linewidth=0.5)
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=8)
+    ax.set_title("P3 reaction vs its floor")
+    figure.tight_layout()
+    figure.savefig(RESULTS / "p3-reaction.png", dpi=110)
+    plt.close(figure)
+    return "p3-reaction.png"
+
+
+def plot_passthrough(p4: dict[str, Any] | None) -> str | None:
+    if not p4:
+        return None
+    figure, axes = plt.subplots(1, 2, figsize=(7, 3.2))
+    for ax, key, title in (
+        (axes[0], "tokens_per_s", "output tokens/s"),
+        (axes[1], "itl_median_ms", "inter-token latency (ms)"),
+    ):
+        ax.bar([0, 1], [p4["hand"][key], p4["operator"][key]], color=["#999", "#36c"])
+        ax.set_xticks([0, 1], ["by hand", "by the operator"])
+        ax.set_title(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(RESULTS / "p4-passthrough.png", dpi=110)
+    plt.close(figure)
+    return "p4-passthrough.png"
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def summary_rows(
+    kwok: dict[str, Any] | None,
+    engine: dict[str, Any] | None,
+    scale: dict[str, Any] | None,
+    p3: dict[str, Any] | None,
+    p4: dict[str, Any] | None,
+) -> list[tuple[str, str, str, str, str]]:
+    """(figure, measured, baseline/context, target, verdict)."""
+    rows: list[tuple[str, str, str, str, str]] = []
+    for name, result in (
+        ("P1 rollout overhead, KWOK pods", kwok),
+        ("P1 rollout overhead, CPU engines", engine),
+    ):
+        if result is None:
+            rows.append((name, "—", "—", "—", "not measured"))
+            continue
+        rows.append(
+            (
+                name,
+                f"ratio {result['ratio']}",
+                f"SD {result['sd_median_s']} s vs raw {result['raw_median_s']} s "
+                f"(medians of {result['runs']})",
+                f"≤ {result['target_ratio']}",
+                verdict(result["ratio"], result["target_ratio"]),
+            )
+        )  # fmt: skip
+    points = (scale or {}).get("points") or []
+    if points:
+        largest = points[-1]
+        first = points[0]
+        rows.append(
+            (
+                f"P2 operator RSS at {largest['sds']} SDs",
+                f"{largest.get('rss_idle_mib')} MiB",
+                f"{first.get('rss_idle_mib')} MiB at {first['sds']}",
+                "≤ 250 MiB",
+                verdict(largest.get("rss_idle_mib"), 250),
+            )
+        )
+        rows.append(
+            (
+                f"P2 idle API writes/min at {largest['sds']} SDs",
+                fmt(largest.get("idle_writes_per_min")),
+                "audit log",
+                "0",
+                verdict(largest.get("idle_writes_per_min"), 0),
+            )
+        )
+        growth = (
+            largest["idle_reads_per_min"] / first["idle_reads_per_min"]
+            if first.get("idle_reads_per_min")
+            else None
+        )
+        rows.append(
+            (
+                f"P2 idle API reads/min at {largest['sds']} SDs",
+                fmt(largest.get("idle_reads_per_min")),
+                f"{fmt(first.get('idle_reads_per_min'))} at {first['sds']} "
+                f"(x {fmt(growth)} for x {largest['sds'] // first['sds']} SDs)",
+                "not growing with #SDs",
+                "met" if growth is not None and growth <= 1.5 else "**missed**",
+            )
+        )
+        rows.append(
+            (
+                f"P2 resync after a restart at {largest['sds']} SDs",
+                f"{fmt(largest.get('resync_s'))} s",
+                f"{largest.get('resynced')} of {largest['sds']} reconciled",
+                "≤ 30 s",
+                verdict(largest.get("resync_s"), 30),
+            )
+        )
+        rows.append(
+            (
+                f"P2 all Ready at {largest['sds']} SDs",
+                f"{fmt(largest.get('all_ready_s'))} s",
+                f"{largest.get('ready')} of {largest['sds']} Ready; "
+                f"{fmt(first.get('all_ready_s'))} s at {first['sds']}",
+                "—",
+                "reached" if largest.get("all_ready_s") is not None else "**not all Ready**",
+            )
+        )  # fmt: skip
+    else:
+        rows.append(("P2 scale", "—", "—", "—", "not measured"))
+    if p3 and "rollback" in p3:
+        r = p3["rollback"]
+        rows.append(
+            (
+                "P3 bad canary → stable only, over floor",
+                f"ratio {r['ratio']}",
+                f"{r['seconds']} s vs floor {r['floor_s']} s",
+                "≤ 1.2",
+                verdict(r["ratio"], 1.2),
+            )
+        )
+    if p3 and "collapse" in p3:
+        c = p3["collapse"]
+        rows.append(
+            (
+                "P3 collapse → fallback decided, over floor",
+                f"ratio {c['ratio']}",
+                f"{c['decided_s']} s vs floor {c['floor_s']} s; fallback serving after "
+                f"{c['fallback_served_s']} s (x {c['ratio_to_fallback_served']}, engine start)",
+                "≤ 1.2",
+                verdict(c["ratio"], 1.2),
+            )
+        )
+    if not p3:
+        rows.append(("P3 reaction", "—", "—", "—", "not measured"))
+    if p4:
+        rows.append(
+            (
+                "P4 engine pass-through, tokens/s",
+                f"ratio {p4['tokens_per_s_ratio']}",
+                f"{p4['operator']['tokens_per_s']} vs {p4['hand']['tokens_per_s']} "
+                "tokens/s by hand",
+                "≥ 0.97",
+                verdict(p4["tokens_per_s_ratio"], 0.97, higher_is_better=True),
+            )
+        )  # fmt: skip
+        rows.append(
+            (
+                "P4 engine pass-through, inter-token latency",
+                f"ratio {p4['itl_ratio']}",
+                f"{p4['operator']['itl_median_ms']} vs {p4['hand']['itl_median_ms']} ms by hand",
+                "≥ 0.97 (hand / operator)",
+                verdict(p4["itl_ratio"], 0.97, higher_is_better=True),
+            )
+        )  # fmt: skip
+    else:
+        rows.append(("P4 engine pass-through", "—", "—", "—", "not measured"))
+    return rows
+
+
+def table(header: list[str], rows: list[tuple[Any, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def context_line(*results: dict[str, Any] | None) -> str:
+    machines = [r["machine"] for r in results if r and "machine" in r]
+    if not machines:
+        return "no results yet"
+    latest = max(machines, key=lambda m: m["date"])
+    commits = sorted({m["commit"] for m in machines})
+    return (
+        f"{latest['date']}, {latest['cpus']} CPUs ({latest['platform']}), "
+        f"commit {', '.join(commits)}"
+    )
+
+
+def scale_table(scale: dict[str, Any] | None) -> str:
+    points = (scale or {}).get("points") or []
+    if not points:
+        return "_not measured_"
+    rows = [
+        (
+            p["sds"],
+            p["bench_nodes"],
+            f"{fmt(p.get('all_ready_s'))} ({p.get('ready')} Ready)",
+            p.get("rss_idle_mib"),
+            fmt(p.get("idle_reads_per_min")),
+            fmt(p.get("idle_writes_per_min")),
+            fmt(p.get("reconciles_idle_per_min")),
+            fmt(p.get("resync_s")),
+            fmt(p.get("reconcile_p50_s")),
+            fmt(p.get("reconcile_p99_s")),
+        )
+        for p in points
+    ]
+    header = [
+        "SDs", "bench nodes", "all Ready (s)", "RSS idle (MiB)", "idle reads/min",
+        "idle writes/min", "reconciles/idle min", "resync (s)", "reconcile p50 (s)",
+        "reconcile p99 (s)",
+    ]  # fmt: skip
+    largest = points[-1]
+    reads = largest.get("idle_requests") or {}
+    top = sorted(reads.items(), key=lambda kv: -kv[1])[:8]
+    detail = ", ".join(f"`{k}` {v}" for k, v in top)
+    return table(header, rows) + f"\n\nIdle requests at {largest['sds']} SDs by kind: {detail}."
+
+
+def reaction_section(p3: dict[str, Any] | None) -> str:
+    if not p3:
+        return "_not measured_"
+    rows = [
+        (what, f"{measured} s", f"{floor} s", f"{argo} s", f"{flagger} s")
+        for what, measured, floor, argo, flagger in reaction_rows(p3)
+    ]
+    text = table(["", "measured", "floor", "Argo Rollouts", "Flagger"], rows) if rows else ""
+    return (
+        text + f"\n\nSame settings for all three: interval {p3['interval_s']} s, two failed "
+        f"verdicts roll back, Prometheus scrape {p3['scrape_s']} s. Argo Rollouts "
+        "(analysis/analysis.go) takes a measurement when the AnalysisRun starts and then one "
+        "per `interval`, and fails the run when `failed > failureLimit`: two failures need "
+        "`failureLimit: 1` and arrive one interval after the start. Flagger runs one check per "
+        "`analysis.interval` tick and rolls back when `failedChecks >= threshold`: `threshold: "
+        "2` rolls back at the second tick. Neither counts the scrape delay in its own interval; "
+        "it is added above so the columns compare. Both then shift traffic back through a mesh "
+        "or ingress; specdeploy scales the canary's Deployment to zero, so its floor includes "
+        "no traffic-shift time but its measured time includes the pod leaving the Service."
+    )
+
+
+def main() -> int:
+    kwok, engine = load("p1-kwok"), load("p1-engine")
+    scale, p3, p4 = load("scale"), load("p3-reaction"), load("passthrough")
+    plan, engine_cpu = load("plan"), load("engine-cpu")
+    plots = [
+        p
+        for p in (plot_p1(kwok, engine), plot_scale(scale), plot_p3(p3), plot_passthrough(p4))
+        if p
+    ]
+    summary = table(
+        ["figure", "measured", "baseline / context", "target", "verdict"],
+        list(summary_rows(kwok, engine, scale, p3, p4)),
+    )
+    context = context_line(kwok, engine, scale, p3, p4)
+    report = [
+        "# specdeploy benchmarks (`make bench`)",
+        "",
+        f"Measured {context}. Every figure is a ratio against a baseline measured in the same "
+        "run; absolute times are context only (a shared 2-core machine, other builds running).",
+        "",
+        "## Summary",
+        "",
+        summary,
+        "",
+        "## P1: rollout overhead",
+        "",
+        *(
+            f"- {r['what']}: SD {r['sd_seconds']} s, raw {r['raw_seconds']} s."
+            for r in (kwok, engine)
+            if r
+        ),
+        "",
+        "## P2: scale",
+        "",
+        (scale or {}).get("what", ""),
+        "",
+        scale_table(scale),
+        "",
+        "## P3: reaction",
+        "",
+        (p3 or {}).get("what", ""),
+        "",
+        reaction_section(p3),
+        "",
+        "## P4: engine pass-through",
+        "",
+        (p4 or {}).get("what", "_not measured_"),
+        "",
+        f"Command: `{' '.join((p4 or {}).get('command', []))}`" if p4 else "",
+        "",
+        "## Planning cost (`bench-plan`) and the engine itself (`bench-engine`)",
+        "",
+        planning_table(plan),
+        "",
+        engine_table(engine_cpu),
+        "",
+        "## Plots",
+        "",
+        *(f"![{p}]({p})" for p in plots),
+        "",
+    ]  # fmt: skip
+    (RESULTS / "report.md").write_text("\n".join(report))
+    update_doc(summary, context)
+    print(f"wrote {RESULTS / 'report.md'} and {len(plots)} plots", file=sys.stderr)
+    return 0
+
+
+def planning_table(plan: dict[str, Any] | None) -> str:
+    if not plan:
+        return "_bench-plan not run_"
+    rows = [
+        (name, r["microseconds_per_reconcile_best"], r["reconciles_per_second_one_core"])
+        for name, r in plan["results"].items()
+    ]
+    return table(["example", "µs per reconcile (best)", "reconciles/s on one core"], rows)
+
+
+def engine_table(engine_cpu: dict[str, Any] | None) -> str:
+    if not engine_cpu:
+        return "_bench-engine not run_"
+    rows = []
+    for mode, result in engine_cpu["results"].items():
+        for run in result["runs"]:
+            rows.append(
+                (
+                    mode,
+                    run["concurrency"],
+                    run["output_tokens_per_s"],
+                    run["latency_mean_s"],
+                    run.get("acceptance_rate"),
+                )
+            )
+    return table(
+        ["engine", "concurrency", "output tokens/s", "mean latency (s)", "acceptance"], rows
+    )
+
+
+def update_doc(summary: str, context: str) -> None:
+    text = DOC.read_text()
+    block = (
+        f"{BEGIN}\nLatest `make bench`: {context}. Full report and plots: "
+        f"[bench/results/report.md](../bench/results/report.md).\n\n{summary}\n{END}"
+    )
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n## Latest results\n\n" + block + "\n"
+    DOC.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
