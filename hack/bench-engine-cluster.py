@@ -351,7 +351,9 @@ class Reaction:
             if not p["metadata"].get("deletionTimestamp")
         }
 
-    def serving_ready(self, other_than: str | None = None) -> str:
+    def serving_ready(
+        self, other_than: str | None = None, timeout: float = ENGINE_TIMEOUT_S
+    ) -> str:
         """Waits for the SD to be Ready with a stable revision (other than `other_than`)."""
 
         def found() -> str | None:
@@ -360,7 +362,7 @@ class Reaction:
             ok = sd_ready(sd) and stable and stable != other_than
             return str(stable) if ok else None
 
-        revision: str = eventually(found, ENGINE_TIMEOUT_S, "the SD Ready")
+        revision: str = eventually(found, timeout, "the SD Ready")
         return revision
 
     def load(self, counter: FirstServed) -> CompletionLoad:
@@ -409,7 +411,7 @@ class Reaction:
         }
         self.apply(guarded)
         time.sleep(2 * TIMER_S)  # the guard is in the operator's hands before any traffic
-        pair = self.serving_ready()
+        pair = self.serving_ready(timeout=180)  # the stable pair again: no engine starts
         counter = FirstServed()
         with self.load(counter):
             eventually(lambda: pair in counter.first, 120, "the pair served under the guard")

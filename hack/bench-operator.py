@@ -131,6 +131,7 @@ def p1(bed: Bed, runs: int, workdir: Path) -> dict[str, Any]:
         bed.delete_sds(namespace)
     finally:
         running.stop()
+        bed.drop_namespace(namespace)
     sd_median, raw_median = median(sd_times), median(raw_times)
     return {
         "what": "apply of an SD -> its Ready condition vs the same pod template as a raw "
@@ -284,14 +285,17 @@ def main() -> int:
     bed = Bed()
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as folder:
         workdir = Path(args.workdir or folder)
-        if "p1" in args.parts:
-            result = p1(bed, args.runs, workdir)
-            log(f"p1: SD {result['sd_median_s']}s raw {result['raw_median_s']}s "
-                f"ratio {result['ratio']}")  # fmt: skip
-            write_result("p1-kwok", result)
-        if "scale" in args.parts:
-            counts = [int(c) for c in args.counts.split(",") if c]
-            scale(bed, counts, workdir, args.ready_timeout, args.idle)
+        try:
+            if "p1" in args.parts:
+                result = p1(bed, args.runs, workdir)
+                log(f"p1: SD {result['sd_median_s']}s raw {result['raw_median_s']}s "
+                    f"ratio {result['ratio']}")  # fmt: skip
+                write_result("p1-kwok", result)
+            if "scale" in args.parts:
+                counts = [int(c) for c in args.counts.split(",") if c]
+                scale(bed, counts, workdir, args.ready_timeout, args.idle)
+        finally:
+            bed.remove_bench_nodes()
     return 0
 
 

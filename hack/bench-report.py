@@ -59,12 +59,11 @@ def plot_p1(kwok: dict[str, Any] | None, engine: dict[str, Any] | None) -> str |
     figure, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.6))
     axes_list = [axes] if len(settings) == 1 else list(axes)
     for ax, (title, result) in zip(axes_list, settings, strict=True):
-        for x, (key, label) in enumerate((("raw_seconds", "raw Deployment"), ("sd_seconds", "SD"))):
-            values = result[key]
-            ax.bar(x, sorted(values)[len(values) // 2], color=("#999", "#36c")[x], alpha=0.6)
+        for x, key in enumerate(("raw", "sd")):
+            values = result[f"{key}_seconds"]
+            ax.bar(x, result[f"{key}_median_s"], color=("#999", "#36c")[x], alpha=0.6)
             ax.scatter([x] * len(values), values, color="k", s=12, zorder=3)
-            ax.text(x, max(values), label, ha="center", va="bottom", fontsize=8)
-        ax.set_xticks([0, 1], ["raw", "SD"])
+        ax.set_xticks([0, 1], ["raw Deployment", "SD"])
         ax.set_ylabel("seconds to ready")
         ax.set_title(f"{title}: ratio {result['ratio']} (target ≤ {result['target_ratio']})")
     figure.tight_layout()
@@ -101,8 +100,10 @@ def plot_scale(scale: dict[str, Any] | None) -> str | None:
             None,
         ),
     ]  # fmt: skip
-    figure, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
-    for ax, (title, series, target) in zip(axes, panels, strict=True):
+    figure, grid = plt.subplots(2, 3, figsize=(12, 6.5))
+    axes = list(grid.flat)
+    axes[-1].axis("off")
+    for ax, (title, series, target) in zip(axes, panels, strict=False):
         for label, pick in series:
             xs = [c for c, p in zip(counts, points, strict=True) if pick(p) is not None]
             ys = [pick(p) for p in points if pick(p) is not None]
@@ -240,7 +241,9 @@ def summary_rows(
                 f"{fmt(first.get('idle_reads_per_min'))} at {first['sds']} "
                 f"(x {fmt(growth)} for x {largest['sds'] // first['sds']} SDs)",
                 "not growing with #SDs",
-                "met" if growth is not None and growth <= 1.5 else "**missed**",
+                "one point only"
+                if largest is first
+                else ("met" if growth is not None and growth <= 1.5 else "**missed**"),
             )
         )
         rows.append(
@@ -312,6 +315,60 @@ def summary_rows(
     else:
         rows.append(("P4 engine pass-through", "—", "—", "—", "not measured"))
     return rows
+
+
+#: What limits each figure when its target is missed (the measured figure is beside it).
+LIMITS = {
+    "P1 rollout overhead, KWOK pods": (
+        "between the create and the Ready write stand kopf's finalizer write (and its watch "
+        "event), then two reconciles of 7 API reads each (the first also writes the "
+        "ControllerRevision, Deployment, Service and status), while the Deployment controller "
+        "works from in-process informer caches; serving the operator's reads from watch-fed "
+        "caches is the next cut and is not done"
+    ),
+    "P1 rollout overhead, CPU engines": (
+        "the engine's own start dominates both sides; the SD's pod is created only after kopf's "
+        "finalizer write and the first reconcile, and its launcher checks the pair before vLLM "
+        "starts"
+    ),
+    "P2 idle API reads/min": (
+        "every timer reconcile (each SD every 30 s) reads the SD, its Deployments, "
+        "ControllerRevisions, Service, the PodMonitor CRD, its pods and every Node: 7 reads per "
+        "SD per 30 s, so reads grow linearly with the SDs; moving observe() to watch-fed caches "
+        "(kopf indexes, a shared node inventory) is not done"
+    ),
+    "P2 resync after a restart": (
+        "the process start (imports, on a loaded machine) plus one resume reconcile per SD of "
+        "7 API reads each, 8 at a time (kopf's worker threads), in one Python process"
+    ),
+    "P2 operator RSS": "kopf keeps a per-object state and the last body of every SD and child",
+    "P2 all Ready": (
+        "each new SD costs kopf's finalizer write and two to three reconciles of 7 reads (and "
+        "the node list grows with the bench nodes) in one Python process on a shared CPU"
+    ),
+    "P3 bad canary": (
+        "verdicts are taken by timer reconciles (2 s timer) once an interval's data is in "
+        "Prometheus; after the rollback the canary's pod must leave (its engine stops) before "
+        "the stable is the only serving revision"
+    ),
+    "P3 collapse": (
+        "the guard needs `for` of data below its floor in Prometheus, seen by a timer reconcile"
+    ),
+    "P4 engine pass-through": (
+        "the operator adds nothing in the data path (the launcher execs vLLM); the two engines "
+        "run one after the other on a shared CPU, so the ratio carries that noise"
+    ),
+}
+
+
+def missed_section(rows: list[tuple[str, str, str, str, str]]) -> str:
+    lines = []
+    for figure, measured, context, target, result in rows:
+        if "missed" not in result and "not all" not in result:
+            continue
+        why = next((v for k, v in LIMITS.items() if figure.startswith(k)), "see above")
+        lines.append(f"- **{figure}**: {measured} ({context}), target {target}. Limited by: {why}.")
+    return "\n".join(lines) or "None: every measured target was met."
 
 
 def table(header: list[str], rows: list[tuple[Any, ...]]) -> str:
@@ -394,10 +451,9 @@ def main() -> int:
         for p in (plot_p1(kwok, engine), plot_scale(scale), plot_p3(p3), plot_passthrough(p4))
         if p
     ]
-    summary = table(
-        ["figure", "measured", "baseline / context", "target", "verdict"],
-        list(summary_rows(kwok, engine, scale, p3, p4)),
-    )
+    rows = summary_rows(kwok, engine, scale, p3, p4)
+    summary = table(["figure", "measured", "baseline / context", "target", "verdict"], list(rows))
+    missed = missed_section(rows)
     context = context_line(kwok, engine, scale, p3, p4)
     report = [
         "# specdeploy benchmarks (`make bench`)",
@@ -408,6 +464,10 @@ def main() -> int:
         "## Summary",
         "",
         summary,
+        "",
+        "## Targets missed, and what limits them",
+        "",
+        missed,
         "",
         "## P1: rollout overhead",
         "",
@@ -447,7 +507,7 @@ def main() -> int:
         "",
     ]  # fmt: skip
     (RESULTS / "report.md").write_text("\n".join(report))
-    update_doc(summary, context)
+    update_doc(summary + "\n\n" + missed, context)
     print(f"wrote {RESULTS / 'report.md'} and {len(plots)} plots", file=sys.stderr)
     return 0
 

@@ -40,6 +40,7 @@ NODES = REPO / "e2e" / "manifests" / "nodes.yaml"
 MIG_TEMPLATE = "kwok-h100-mig-0"
 MIG_SLICE = "nvidia.com/mig-3g.40gb"
 SLICES_PER_NODE = 16
+BENCH_NODE_LABEL = "specdeploy.dev/bench-node"
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -142,6 +143,7 @@ class Bed:
             name = f"bench-mig-{index}"
             node["metadata"]["name"] = name
             node["metadata"]["labels"]["kubernetes.io/hostname"] = name
+            node["metadata"]["labels"][BENCH_NODE_LABEL] = "true"
             node["metadata"]["labels"]["nvidia.com/mig-3g.40gb.count"] = str(SLICES_PER_NODE)
             for part in ("capacity", "allocatable"):
                 node["status"][part][MIG_SLICE] = str(SLICES_PER_NODE)
@@ -149,6 +151,10 @@ class Bed:
         if nodes:
             self.kubectl.apply(nodes)
         return wanted
+
+    def remove_bench_nodes(self) -> None:
+        """Deletes the nodes `ensure_mig_slices` added (the e2e suite expects the bed's own)."""
+        self.kubectl.run("delete", "nodes", "-l", BENCH_NODE_LABEL, "--wait=false", check=False)
 
     def list_sds(self, namespace: str) -> list[dict[str, Any]]:
         found: Any = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
