@@ -58,26 +58,15 @@ from engine_cluster import (
 from engine_harness import build_tiny_models, engine_python_path
 from load import CompletionLoad
 from specdeploy.api import labels
+
+# The canary settings of the e2e suite: interval 10 s, failureLimit 2, scrape 2 s.
+from test_canary_engine import FAILURE_LIMIT, INTERVAL_S, SCRAPE_S, canary_sd
 from testbed import eventually
 
-SCRAPE_S = 2.0  # the test bed's Prometheus scrape interval
 TIMER_S = 2.0  # the operator's timer in P3 (as in the canary e2e suite)
-INTERVAL_S = 10
-FAILURE_LIMIT = 2
 COLLAPSE_FOR_S = 10
 ENGINE_TIMEOUT_S = 600
 PROMPTS = ["The cat sat on the", "In the morning the queue", "A node sees", "The scheduler"]
-ANALYSIS = {
-    "interval": f"{INTERVAL_S}s",
-    "window": "20s",
-    "minDraftTokens": 60,
-    "minAcceptanceRate": 0.5,
-    "maxDropVsStable": 0.3,
-    "maxLatencyIncrease": 3.0,
-    "failureLimit": FAILURE_LIMIT,
-    "promoteAfter": 2,
-    "onInconclusive": "Hold",
-}
 
 
 # --- streaming completions ---------------------------------------------------------------------
@@ -325,12 +314,6 @@ class FirstServed(Counter[str]):
         if value > 0 and key not in self.first:
             self.first[key] = time.monotonic()
         super().__setitem__(key, value)
-
-
-def canary_sd(namespace: str, models: dict[str, str], draft: str, version: str) -> dict[str, Any]:
-    body = tiny_sd("canary", namespace, models, draft, version)
-    body["spec"]["rollout"] = {"canary": {"replicas": 1}, "analysis": dict(ANALYSIS)}
-    return body
 
 
 class Reaction:
