@@ -121,6 +121,8 @@ demo: venv tools system-deps engine-venv prometheus-operator-crd ## Local cluste
 # Small request counts by default: the machine and its CPU are shared.
 BENCH_ENGINE_ARGS ?= --concurrency 1,4 --repeats 1 --requests-per-level 8 --max-tokens 64
 BENCH_SCALE_COUNTS ?= 10,100,1000
+# One run of each side: an engine start takes minutes on a loaded 2-core machine.
+BENCH_ENGINE_CLUSTER_ARGS ?= --runs 1 --requests 6 --max-tokens 48
 
 .PHONY: bench-engine
 bench-engine: venv engine-venv ## CPU engine tokens/s and latency with and without speculation
@@ -144,7 +146,7 @@ bench-scale: venv tools system-deps ## P2: 10/100/1,000 SDs under one operator (
 
 .PHONY: bench-engine-cluster
 bench-engine-cluster: venv tools system-deps engine-venv ## P1 with CPU engines, P3 reaction, P4 pass-through
-	$(PY) hack/bench-engine-cluster.py p1 p3
+	$(PY) hack/bench-engine-cluster.py p1 p3 $(BENCH_ENGINE_CLUSTER_ARGS)
 
 .PHONY: bench-report
 bench-report: venv ## bench/results/report.md, its plots and the table in docs/benchmarks.md

@@ -120,24 +120,30 @@ def plot_scale(scale: dict[str, Any] | None) -> str | None:
     return "p2-scale.png"
 
 
-def reaction_rows(p3: dict[str, Any]) -> list[tuple[str, float, float, float, float]]:
-    """(what, measured, specdeploy floor, Argo Rollouts, Flagger) in seconds."""
+def reaction_rows(p3: dict[str, Any]) -> list[tuple[str, Any, float, Any, Any]]:
+    """(what, measured or None, specdeploy floor, Argo Rollouts, Flagger) in seconds."""
     interval, limit, scrape = p3["interval_s"], p3["failure_limit"], p3["scrape_s"]
-    rows = []
-    if "rollback" in p3:
-        rows.append(
-            (
-                "bad canary → stable only",
-                p3["rollback"]["seconds"],
-                p3["rollback"]["floor_s"],
-                # Argo: a measurement at once, then each interval; Failed when failed >
-                # failureLimit, so failureLimit 1 rolls back at the 2nd failure (same count).
-                scrape + interval * (limit - 1),
-                # Flagger: one check per interval tick; rollback when failedChecks >= threshold.
-                scrape + interval * limit,
-            )
-        )
-    return rows
+    rollback = p3.get("rollback") or {}
+    collapse = p3.get("collapse") or {}
+    return [
+        (
+            "bad canary → stable only",
+            rollback.get("seconds"),
+            scrape + interval * limit,
+            # Argo: a measurement at once, then each interval; Failed when failed >
+            # failureLimit, so failureLimit 1 rolls back at the 2nd failure (same count).
+            scrape + interval * (limit - 1),
+            # Flagger: one check per interval tick; rollback when failedChecks >= threshold.
+            scrape + interval * limit,
+        ),
+        (
+            "collapse → fallback decided",
+            collapse.get("decided_s"),
+            scrape + p3["collapse_for_s"],
+            "no equivalent",
+            "no equivalent",
+        ),
+    ]
 
 
 def plot_p3(p3: dict[str, Any] | None) -> str | None:
@@ -292,6 +298,8 @@ def summary_rows(
         )
     if not p3:
         rows.append(("P3 reaction", "—", "—", "—", "not measured"))
+    elif "error" in p3:
+        rows.append(("P3 reaction (the rest)", "—", p3["error"][:300], "≤ 1.2", "**not measured**"))
     if p4:
         rows.append(
             (
@@ -346,6 +354,10 @@ LIMITS = {
         "each new SD costs kopf's finalizer write and two to three reconciles of 7 reads (and "
         "the node list grows with the bench nodes) in one Python process on a shared CPU"
     ),
+    "P3 reaction (the rest)": (
+        "the analysis never reached a verdict: it needs minDraftTokens of draft tokens in its "
+        "window, and the engines, starved by the machine's load, drafted fewer (see the error)"
+    ),
     "P3 bad canary": (
         "verdicts are taken by timer reconciles (2 s timer) once an interval's data is in "
         "Prometheus; after the rollback the canary's pod must leave (its engine stops) before "
@@ -364,7 +376,7 @@ LIMITS = {
 def missed_section(rows: list[tuple[str, str, str, str, str]]) -> str:
     lines = []
     for figure, measured, context, target, result in rows:
-        if "missed" not in result and "not all" not in result:
+        if "missed" not in result and "not all" not in result and "not measured**" not in result:
             continue
         why = next((v for k, v in LIMITS.items() if figure.startswith(k)), "see above")
         lines.append(f"- **{figure}**: {measured} ({context}), target {target}. Limited by: {why}.")
@@ -423,10 +435,12 @@ def scale_table(scale: dict[str, Any] | None) -> str:
 def reaction_section(p3: dict[str, Any] | None) -> str:
     if not p3:
         return "_not measured_"
-    rows = [
-        (what, f"{measured} s", f"{floor} s", f"{argo} s", f"{flagger} s")
-        for what, measured, floor, argo, flagger in reaction_rows(p3)
-    ]
+
+    def seconds(value: Any) -> str:
+        return f"{value} s" if isinstance(value, int | float) else str(value or "not measured")
+
+    rows = [tuple(seconds(v) for v in row[1:]) for row in reaction_rows(p3)]
+    rows = [(row[0], *r) for row, r in zip(reaction_rows(p3), rows, strict=True)]
     text = table(["", "measured", "floor", "Argo Rollouts", "Flagger"], rows) if rows else ""
     return (
         text + f"\n\nSame settings for all three: interval {p3['interval_s']} s, two failed "
