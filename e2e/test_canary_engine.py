@@ -52,6 +52,7 @@ SD = "canary"
 ENGINE_READY_S = 420
 INTERVAL_S = 10
 FAILURE_LIMIT = 2
+SCRAPE_S = 2  # the test bed's Prometheus scrape interval
 # `make soak` widens the window: on a crowded machine the engines are slow, and a 20 s window
 # can hold fewer draft tokens than a verdict needs, which holds the analysis (Inconclusive).
 WINDOW_S = int(os.environ.get("SPECDEPLOY_CANARY_WINDOW_SECONDS", "20"))

@@ -328,19 +328,19 @@ def summary_rows(
 #: What limits each figure when its target is missed (the measured figure is beside it).
 LIMITS = {
     "P1 rollout overhead, KWOK pods": (
-        "between the create and the Ready write stand kopf's finalizer write (and its watch "
-        "event), then two reconciles of 7 API reads each (the first also writes the "
-        "ControllerRevision, Deployment, Service and status), while the Deployment controller "
+        "between the create and the Ready write stand two reconciles of 7 API reads each "
+        "(the first also writes the ControllerRevision, Deployment, Service and status), while "
+        "the Deployment controller "
         "works from in-process informer caches; serving the operator's reads from watch-fed "
         "caches is the next cut and is not done"
     ),
     "P1 rollout overhead, CPU engines": (
-        "the engine's own start dominates both sides; the SD's pod is created only after kopf's "
-        "finalizer write and the first reconcile, and its launcher checks the pair before vLLM "
+        "the engine's own start dominates both sides; the SD's pod is created only after the "
+        "first reconcile, and its launcher checks the pair before vLLM "
         "starts"
     ),
     "P2 idle API reads/min": (
-        "every timer reconcile (each SD every 30 s) reads the SD, its Deployments, "
+        "every periodic reconcile (each SD every 30 s) reads the SD, its Deployments, "
         "ControllerRevisions, Service, the PodMonitor CRD, its pods and every Node: 7 reads per "
         "SD per 30 s, so reads grow linearly with the SDs; moving observe() to watch-fed caches "
         "(kopf indexes, a shared node inventory) is not done"
@@ -351,7 +351,7 @@ LIMITS = {
     ),
     "P2 operator RSS": "kopf keeps a per-object state and the last body of every SD and child",
     "P2 all Ready": (
-        "each new SD costs kopf's finalizer write and two to three reconciles of 7 reads (and "
+        "each new SD costs two to three reconciles of 7 reads (and "
         "the node list grows with the bench nodes) in one Python process on a shared CPU"
     ),
     "P3 reaction (the rest)": (
