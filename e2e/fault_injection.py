@@ -73,9 +73,19 @@ class ServingSampler(Background):
     errors: list[str] = field(default_factory=list)
     thread_name = "serving sampler"
 
+    #: Samples taken before the sampler stops: a rollout can end within a few samples, and
+    #: the moments after it count too (the new revision must go on serving).
+    min_samples: int = 5
+
     def __enter__(self) -> Self:
         self._began = time.monotonic()
         return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        deadline = time.monotonic() + 60
+        while len(self.samples) < self.min_samples and time.monotonic() < deadline:
+            time.sleep(self.period)
+        super().__exit__(*exc)
 
     def run_loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -96,7 +106,7 @@ class ServingSampler(Background):
 
     def check(self) -> None:
         """Asserts that samples were taken and that every one found a revision serving."""
-        assert len(self.samples) >= 5, ("too few samples", self.samples, self.errors)
+        assert len(self.samples) >= self.min_samples, ("too few samples", self.samples, self.errors)
         assert not self.gaps(), ("no revision served at", self.gaps(), self.samples)
 
 
