@@ -174,6 +174,9 @@ def test_recommend_writes_status_autotune_from_real_counters_and_changes_nothing
     assert not {r for r in reasons if r.startswith("TunedRevision")}, reasons
 
 
+# Two canary-judged engine revisions after a measured one: 5 to 16 minutes on the shared 2-core
+# machine, and it failed there under load. Not in CI (make e2e); make e2e-long runs it.
+@pytest.mark.long
 def test_apply_rolls_the_recommendation_out_through_the_canary_and_promotes_it(
     cluster: ClusterEnv,
     kubectl: Kubectl,
