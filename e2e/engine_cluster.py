@@ -221,8 +221,8 @@ class OperatorProcess:
 def stop_after_deleting_sds(
     running: OperatorProcess, kubectl: Kubectl, namespace: str, timeout: int = 60
 ) -> None:
-    """Deletes the namespace's SDs while the operator runs (started again if stopped), so its
-    finalizer is released and the namespace can go; then stops it and prints its log."""
+    """Deletes the namespace's SDs while the operator runs (started again if stopped), so their
+    engines stop with their pods; then stops it and prints its log."""
     if running.process is None:
         running.start()
     kubectl.run(
@@ -248,7 +248,7 @@ def operator_in_namespace(
     workdir: Path,
 ) -> Iterator[OperatorProcess]:
     """A fresh namespace (with its LocalQueues) and the operator watching it; on the way out
-    its SDs are deleted while the operator runs (its finalizer), so their engines stop, then
+    its SDs are deleted while the operator runs, so their engines stop, then
     the operator and the namespace go and the operator's log is printed."""
     create_namespace_with_queues(kubectl, namespace)
     apply_crds(kubectl)
