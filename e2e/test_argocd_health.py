@@ -35,12 +35,13 @@ from engine_cluster import (
     get_sd,
     kwok_operator_config,
     operator_config,
+    operator_in_namespace,
     stop_after_deleting_sds,
     tiny_sd,
 )
 from engine_harness import engine_python, tiny_models
 from sd_bodies import llama_8b
-from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+from testbed import ClusterEnv, Kubectl, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -211,15 +212,9 @@ def launcher_bed(
 ) -> Iterator[str]:
     """A namespace whose pods the process kubelet runs as the real launcher; its operator."""
     namespace = f"e2e-health-launcher-{uuid.uuid4().hex[:5]}"
-    create_namespace_with_queues(kubectl, namespace)
     config = operator_config(str(engine_python), cluster.prometheus_url, interval=2)
-    running = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
-    running.start()
-    try:
+    with operator_in_namespace(kubectl, cluster.kubeconfig, namespace, config, tmp_path):
         yield namespace
-    finally:
-        stop_after_deleting_sds(running, kubectl, namespace, timeout=90)
-        kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 @pytest.mark.engine
