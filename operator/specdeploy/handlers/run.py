@@ -260,23 +260,37 @@ async def run_operator(
             reconcile_periodically(reconciler, namespaces, config.reconcile_interval_seconds)
         )
     ]
-    if elector is not None:
-        tasks.append(asyncio.create_task(elector.keep(lost)))
-    try:
-        await kopf.operator(
+    # No `stop_flag` for kopf: on SIGINT/SIGTERM kopf waits 5 s for every task still pending
+    # (a waiter on a flag that is never set among them) before it exits. A lost Lease cancels
+    # kopf instead, so a clean stop ends at once and hands the Lease over without that wait.
+    operator = asyncio.create_task(
+        kopf.operator(
             registry=registry,
             clusterwide=not namespaces,
             namespaces=namespaces,
             standalone=True,
             liveness_endpoint=config.liveness_endpoint,
-            stop_flag=lost,
         )
+    )
+    if elector is not None:
+        tasks.append(asyncio.create_task(elector.keep(lost)))
+        tasks.append(asyncio.create_task(_cancel_when_set(lost, operator)))
+    try:
+        await operator
+    except asyncio.CancelledError:
+        if not lost.is_set():
+            raise
     finally:
         for task in tasks:
             task.cancel()
         if elector is not None and not lost.is_set():
             await asyncio.to_thread(elector.release)
     return 1 if lost.is_set() else 0
+
+
+async def _cancel_when_set(flag: asyncio.Event, task: asyncio.Task[None]) -> None:
+    await flag.wait()
+    task.cancel()
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,0 +1,91 @@
+"""How `run_operator` ends: at once on a signal, with exit 1 when the Lease is lost.
+
+kopf itself is replaced by a coroutine here (this tests our wiring around it, not kopf): kopf
+waits 5 s on a signal for every task still pending, a waiter on an unset `stop_flag` among
+them, so the operator must give kopf no stop flag and cancel it when the Lease is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+import pytest
+
+from specdeploy.api.config import OperatorConfig
+from specdeploy.handlers import run
+
+
+class _Elector:
+    def __init__(self, lose_after: float | None) -> None:
+        self.lose_after = lose_after
+        self.released = False
+
+    async def acquire(self) -> None:
+        return None
+
+    async def keep(self, lost: asyncio.Event) -> None:
+        if self.lose_after is None:
+            await asyncio.Event().wait()
+        else:
+            await asyncio.sleep(self.lose_after)
+            lost.set()
+
+    def release(self) -> None:
+        self.released = True
+
+
+def _fake_kopf(monkeypatch: pytest.MonkeyPatch, runs_for: float | None) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    async def operator(**kwargs: Any) -> None:
+        seen.update(kwargs)
+        try:
+            if runs_for is None:
+                await asyncio.Event().wait()
+            else:
+                await asyncio.sleep(runs_for)  # then returns, as kopf does after a signal
+        except asyncio.CancelledError:
+            seen["cancelled"] = True
+            raise
+
+    monkeypatch.setattr(kopf, "operator", operator)
+    return seen
+
+
+def _run(elector: _Elector | None) -> int:
+    config = OperatorConfig()
+    reconciler: Any = object()  # the periodic round sleeps for the whole test
+    return asyncio.run(
+        asyncio.wait_for(
+            run.run_operator(reconciler, kopf.OperatorRegistry(), config, [], elector),  # type: ignore[arg-type]
+            timeout=5,
+        )
+    )
+
+
+def test_kopf_gets_no_stop_flag_and_a_stop_releases_the_lease(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = _fake_kopf(monkeypatch, runs_for=0.05)
+    elector = _Elector(lose_after=None)
+    assert _run(elector) == 0
+    assert seen.get("stop_flag") is None
+    assert "cancelled" not in seen
+    assert elector.released
+
+
+def test_a_lost_lease_cancels_kopf_and_exits_1_without_releasing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = _fake_kopf(monkeypatch, runs_for=None)
+    elector = _Elector(lose_after=0.05)
+    assert _run(elector) == 1
+    assert seen.get("cancelled") is True
+    assert not elector.released
+
+
+def test_without_leader_election_a_stop_returns_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_kopf(monkeypatch, runs_for=0.05)
+    assert _run(None) == 0
