@@ -78,6 +78,8 @@ class Reconciler:
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._waiting: dict[tuple[str, str], _Waiting] = {}
         self._locks_guard = threading.Lock()
+        #: When each SD next has a verdict due (Decision.wake_at); handlers.run reconciles it then.
+        self._wake_at: dict[tuple[str, str], datetime] = {}
 
     def reconcile(self, namespace: str, name: str) -> None:
         """Brings one SpeculativeDeployment's children and status in line with its spec.
@@ -135,6 +137,7 @@ class Reconciler:
                 self.metrics.reconciles.labels("error").inc()
                 raise
         self.metrics.reconciles.labels("ok").inc()
+        self._note_wake(namespace, name, decision.wake_at)
         self.metrics.count_events(decision.events)
         self.metrics.set_acceptance(namespace, name, decision.acceptance_rate)
         log.debug(
@@ -143,6 +146,22 @@ class Reconciler:
             name,
             self.kube.write_requests - writes,
         )
+
+    def _note_wake(self, namespace: str, name: str, at: datetime | None) -> None:
+        with self._locks_guard:
+            if at is None:
+                self._wake_at.pop((namespace, name), None)
+            else:
+                self._wake_at[(namespace, name)] = at
+
+    def take_due(self, now: datetime) -> list[tuple[str, str]]:
+        """The SDs whose verdict is due by `now`, each handed out once (its reconcile notes the
+        next moment)."""
+        with self._locks_guard:
+            due = [key for key, at in self._wake_at.items() if at <= now]
+            for key in due:
+                del self._wake_at[key]
+        return due
 
     def record_refusal(
         self,

@@ -3,7 +3,9 @@
 Handlers only route: create, update, resume and watch events of every child (revision
 Deployments and their records, the Service, the PodMonitor) all call the same level-based
 reconcile, which is how a change made to a child out of band is set back at once; a periodic
-round (`reconcile_periodically`) reconciles every SD every `reconcileIntervalSeconds`.
+round (`reconcile_periodically`) reconciles every SD every `reconcileIntervalSeconds`, and
+`reconcile_when_due` reconciles an SD as its next canary verdict or collapse guard falls due
+(plan.wakeup).
 
 No handler needs a finalizer, so none is set (kopf removes the `specdeploy.dev/finalizer` an
 older operator left): SDs and their namespaces can be deleted while the operator is not
@@ -239,6 +241,28 @@ async def reconcile_periodically(
         await asyncio.gather(*(one(namespace, name) for namespace, name in found))
 
 
+WAKE_TICK_SECONDS = 0.25
+
+
+async def reconcile_when_due(reconciler: Reconciler, tick: float = WAKE_TICK_SECONDS) -> None:
+    """Reconciles each SD when its next verdict falls due (Reconciler.take_due), so an analysis
+    interval or a collapse guard's `for` is acted on as it ends rather than at the next round."""
+    running: set[asyncio.Task[None]] = set()
+
+    async def one(namespace: str, name: str) -> None:
+        try:
+            await asyncio.to_thread(reconciler.reconcile, namespace, name)
+        except Exception:
+            log.exception("reconcile of %s/%s at its verdict time failed", namespace, name)
+
+    while True:
+        for namespace, name in reconciler.take_due(reconciler.clock()):
+            task = asyncio.create_task(one(namespace, name))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        await asyncio.sleep(tick)
+
+
 async def run_operator(
     reconciler: Reconciler,
     registry: kopf.OperatorRegistry,
@@ -258,7 +282,8 @@ async def run_operator(
     tasks = [
         asyncio.create_task(
             reconcile_periodically(reconciler, namespaces, config.reconcile_interval_seconds)
-        )
+        ),
+        asyncio.create_task(reconcile_when_due(reconciler)),
     ]
     # No `stop_flag` for kopf: on SIGINT/SIGTERM kopf waits 5 s for every task still pending
     # (a waiter on a flag that is never set among them) before it exits. A lost Lease cancels

@@ -67,6 +67,7 @@ from specdeploy.plan.status import (
     condition_events,
     status_patch,
 )
+from specdeploy.plan.wakeup import next_wake
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,8 @@ class Decision:
     shape_unknown: str | None = None
     #: The serving revision's acceptance rate as the status now holds it (for /metrics).
     acceptance_rate: float | None = None
+    #: When the SD next has a verdict due (plan.wakeup): reconcile it again then.
+    wake_at: datetime | None = None
 
 
 def _owned_revision(obj: Mapping[str, Any]) -> str | None:
@@ -430,6 +433,13 @@ def decide(
         events=events,
         shape_unknown=sized.message if isinstance(sized, ShapeUnknown) else None,
         acceptance_rate=desired_status.get("acceptanceRate"),
+        wake_at=next_wake(
+            judgement.state if canary is not None else None,
+            settings.interval,
+            guard.state,
+            rollout.collapse_guard.for_ if rollout.collapse_guard else None,
+            now,
+        ),
     )
 
 
