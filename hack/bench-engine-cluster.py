@@ -110,9 +110,11 @@ def stream_one(url: str, model: str, prompt: str, max_tokens: int) -> tuple[floa
 
 
 def measure_engine(url: str, model: str, requests: int, max_tokens: int) -> dict[str, Any]:
-    """Two warm-up completions, then `requests` sequential streamed ones."""
-    for prompt in PROMPTS[:2]:
-        stream_one(url, model, prompt, max_tokens)
+    """`requests` sequential streamed completions (none: two unmeasured warm-up ones)."""
+    if requests == 0:
+        for prompt in PROMPTS[:2]:
+            stream_one(url, model, prompt, max_tokens)
+        return {}
     walls, itls, tokens = [], [], 0
     for i in range(requests):
         wall, itl, count = stream_one(url, model, PROMPTS[i % len(PROMPTS)], max_tokens)
@@ -128,9 +130,9 @@ def measure_engine(url: str, model: str, requests: int, max_tokens: int) -> dict
     }
 
 
-def engine_process(port: int) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment of the engine serving on a local port (the launcher
-    execs vLLM, so that process is vLLM itself)."""
+def engine_process(port: int) -> tuple[list[str], dict[str, str], int]:
+    """The command line, environment and pid of the engine serving on a local port (the
+    launcher execs vLLM, so that process is vLLM itself)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -142,13 +144,14 @@ def engine_process(port: int) -> tuple[list[str], dict[str, str]]:
         except OSError:
             continue
         env = dict(item.decode().split("=", 1) for item in env_items if b"=" in item)
-        return [a.decode() for a in argv], env
+        return [a.decode() for a in argv], env, int(proc.name)
     raise RuntimeError(f"no vLLM process serving port {port}")
 
 
 @contextlib.contextmanager
-def hand_started(argv: list[str], env: dict[str, str], log_path: Path) -> Iterator[str]:
-    """The same command line started by hand on a free port; yields its URL once healthy."""
+def hand_started(argv: list[str], env: dict[str, str], log_path: Path) -> Iterator[tuple[str, int]]:
+    """The same command line started by hand on a free port; yields (its URL, its pid) once
+    healthy."""
     port = free_port()
     args = list(argv)
     index = args.index("--port")
@@ -169,7 +172,7 @@ def hand_started(argv: list[str], env: dict[str, str], log_path: Path) -> Iterat
             return True
 
         eventually(healthy, ENGINE_TIMEOUT_S, "the hand-started engine")
-        yield url
+        yield url, process.pid
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, 15)
@@ -201,6 +204,7 @@ def p1_and_p4(
     runs: int,
     requests: int,
     max_tokens: int,
+    rounds: int,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     namespace = bed.namespace("bench-engine")
     config = operator_config(str(python), bed.env.prometheus_url, interval=30)
@@ -227,6 +231,7 @@ def p1_and_p4(
                         passthrough = p4(
                             bed, namespace=namespace, name=name, models=models,
                             workdir=workdir, requests=requests, max_tokens=max_tokens,
+                            rounds=rounds,
                         )  # fmt: skip
                     bed.delete_sds(namespace)
                 else:
@@ -258,6 +263,37 @@ def p1_and_p4(
     return p1, passthrough
 
 
+def process_context(pid: int) -> dict[str, Any]:
+    """What could make two runs of one command line differ: its environment, CPUs, niceness
+    and cgroup (from /proc)."""
+    proc = Path("/proc") / str(pid)
+    env_items = (proc / "environ").read_bytes().split(b"\0")
+    status = dict(
+        line.split(":", 1) for line in (proc / "status").read_text().splitlines() if ":" in line
+    )
+    stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+    return {
+        "env": dict(item.decode().split("=", 1) for item in env_items if b"=" in item),
+        "cpus_allowed": status.get("Cpus_allowed_list", "").strip(),
+        "nice": int(stat[16]),  # field 19 of /proc/<pid>/stat, counted after the command name
+        "cgroup": (proc / "cgroup").read_text().strip(),
+    }
+
+
+def context_differences(operator: dict[str, Any], hand: dict[str, Any]) -> list[str]:
+    """Every difference between the two engines' process context, as readable lines."""
+    found = [
+        f"{key}: operator {operator[key]!r}, hand {hand[key]!r}"
+        for key in ("cpus_allowed", "nice", "cgroup")
+        if operator[key] != hand[key]
+    ]
+    for name in sorted(set(operator["env"]) | set(hand["env"])):
+        ours, theirs = operator["env"].get(name), hand["env"].get(name)
+        if ours != theirs:
+            found.append(f"env {name}: operator {ours!r}, hand {theirs!r}")
+    return found
+
+
 def p4(
     bed: Bed,
     *,
@@ -267,7 +303,11 @@ def p4(
     workdir: Path,
     requests: int,
     max_tokens: int,
+    rounds: int,
 ) -> dict[str, Any]:
+    """The SD's engine and the same command line started by hand, both up at once, measured in
+    turns (operator first in even rounds, hand first in odd ones): each round sees the same
+    machine load on both sides, and the medians over the rounds are compared."""
     [pod] = [
         p
         for p in revision_pods(bed.kubectl, namespace, name)
@@ -275,28 +315,48 @@ def p4(
     ]
     url = engine_url(bed.env, pod)
     port = int(url.rsplit(":", 1)[1])
-    argv, env = engine_process(port)
+    argv, env, operator_pid = engine_process(port)
     model = models["target"]
     served = argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else model
-    log(f"p4: measuring the operator's engine ({url})")
-    by_operator = measure_engine(url, served, requests, max_tokens)
-    log(f"p4 operator: {by_operator}")
-    bed.delete_sds(namespace)
-    pods_gone(bed, namespace)
-    log("p4: the same command line started by hand")
-    with hand_started(argv, env, workdir / "hand-engine.log") as hand_url:
-        by_hand = measure_engine(hand_url, served, requests, max_tokens)
-    log(f"p4 hand: {by_hand}")
+    log("p4: the same command line started by hand beside the operator's engine")
+    sides: dict[str, list[dict[str, Any]]] = {"operator": [], "hand": []}
+    with hand_started(argv, env, workdir / "hand-engine.log") as (hand_url, hand_pid):
+        differences = context_differences(process_context(operator_pid), process_context(hand_pid))
+        urls = {"operator": url, "hand": hand_url}
+        for side in ("operator", "hand"):  # warm-up, not measured
+            measure_engine(urls[side], served, 0, max_tokens)
+        for turn in range(rounds):
+            order = ("operator", "hand") if turn % 2 == 0 else ("hand", "operator")
+            for side in order:
+                sides[side].append(measure_engine(urls[side], served, requests, max_tokens))
+                log(f"p4 round {turn} {side}: {sides[side][-1]}")
+    by_operator = summarize(sides["operator"])
+    by_hand = summarize(sides["hand"])
     return {
         "what": "the engine of an SD pod (operator -> process kubelet -> launcher -> vLLM) vs "
-        "the same vLLM command line and environment started by hand, one after the other; "
-        "streamed greedy completions at concurrency 1",
+        "the same vLLM command line and environment started by hand, both running, measured in "
+        f"{rounds} alternating rounds of {requests} streamed greedy completions at concurrency "
+        "1 (medians over the rounds)",
         "command": argv,
+        "rounds": rounds,
+        "context_differences": differences,
         "operator": by_operator,
         "hand": by_hand,
         "tokens_per_s_ratio": round(by_operator["tokens_per_s"] / by_hand["tokens_per_s"], 3),
         "itl_ratio": round(by_hand["itl_median_ms"] / by_operator["itl_median_ms"], 3),
         "target_ratio": 0.97,
+    }
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the rounds of one side, with every round kept."""
+    return {
+        "tokens_per_s": round(median([r["tokens_per_s"] for r in rounds]), 2),
+        "itl_median_ms": round(median([r["itl_median_ms"] for r in rounds]), 2),
+        "tokens_per_s_rounds": [r["tokens_per_s"] for r in rounds],
+        "itl_ms_rounds": [r["itl_median_ms"] for r in rounds],
+        "requests": sum(r["requests"] for r in rounds),
+        "max_tokens": rounds[0]["max_tokens"],
     }
 
 
@@ -454,7 +514,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("parts", nargs="*", default=["p1", "p3"], choices=["p1", "p3"])
     parser.add_argument("--runs", type=int, default=2, help="P1 runs of each kind")
-    parser.add_argument("--requests", type=int, default=8, help="P4 measured completions")
+    parser.add_argument(
+        "--requests", type=int, default=3, help="P4 measured completions per engine per round"
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="P4 alternating rounds")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--workdir", default=None, help="keep logs here")
     args = parser.parse_args()
@@ -467,7 +530,7 @@ def main() -> int:
         if "p1" in args.parts:
             p1, passthrough = p1_and_p4(
                 bed, python=python, models=models, workdir=workdir, runs=args.runs,
-                requests=args.requests, max_tokens=args.max_tokens,
+                requests=args.requests, max_tokens=args.max_tokens, rounds=args.rounds,
             )  # fmt: skip
             write_result("p1-engine", p1)
             write_result("passthrough", passthrough)

@@ -389,15 +389,38 @@ def table(header: list[str], rows: list[tuple[Any, ...]]) -> str:
     return "\n".join(lines)
 
 
+def passthrough_rounds(p4: dict[str, Any] | None) -> str:
+    """Each round's figures of both sides, and what differed between the two processes."""
+    if not p4 or "tokens_per_s_rounds" not in p4.get("operator", {}):
+        return ""
+    operator, hand = p4["operator"], p4["hand"]
+    differences = p4.get("context_differences") or []
+    lines = [
+        f"Rounds (tokens/s): operator {operator['tokens_per_s_rounds']}, "
+        f"by hand {hand['tokens_per_s_rounds']}; inter-token latency (ms): operator "
+        f"{operator['itl_ms_rounds']}, by hand {hand['itl_ms_rounds']}.",
+        "",
+        "Environment, CPUs allowed, niceness and cgroup of the two vLLM processes (/proc): "
+        + ("identical." if not differences else "; ".join(differences) + "."),
+    ]
+    return "\n".join(lines)
+
+
 def context_line(*results: dict[str, Any] | None) -> str:
     machines = [r["machine"] for r in results if r and "machine" in r]
     if not machines:
         return "no results yet"
     latest = max(machines, key=lambda m: m["date"])
     commits = sorted({m["commit"] for m in machines})
+    loads = [m["load_average"][0] for m in machines if m.get("load_average")]
+    load = (
+        f", 1-min load average {min(loads)} to {max(loads)} as results were written"
+        if loads
+        else ""
+    )
     return (
         f"{latest['date']}, {latest['cpus']} CPUs ({latest['platform']}), "
-        f"commit {', '.join(commits)}"
+        f"commit {', '.join(commits)}{load}"
     )
 
 
@@ -506,6 +529,8 @@ def main() -> int:
         "## P4: engine pass-through",
         "",
         (p4 or {}).get("what", "_not measured_"),
+        "",
+        passthrough_rounds(p4),
         "",
         f"Command: `{' '.join((p4 or {}).get('command', []))}`" if p4 else "",
         "",

@@ -65,6 +65,8 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        # 1, 5 and 15 minute load averages when the result was written: the machine is shared.
+        "load_average": [round(value, 2) for value in os.getloadavg()],
     }
 
 
