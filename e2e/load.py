@@ -42,6 +42,8 @@ class CompletionLoad(Background):
     max_tokens: int = 48
     max_seconds: float = 900.0
     sent: Counter[str] = field(default_factory=Counter)
+    #: When (monotonic) the first request each revision answered was sent: when it began serving.
+    first_sent: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     thread_name = "completion load"
     join_seconds = 120.0
@@ -72,8 +74,10 @@ class CompletionLoad(Background):
             for revision, url in pods:
                 prompt = self.prompts[turn % len(self.prompts)]
                 turn += 1
+                began = time.monotonic()
                 try:
                     complete(url, self.model, prompt, max_tokens=self.max_tokens)
+                    self.first_sent.setdefault(revision, began)
                     self.sent[revision] += 1
                 except Exception as error:  # a pod stopping under us
                     self.errors.append(f"{revision}: {error}")

@@ -6,16 +6,17 @@ engine it starts (P4), and how fast a bad canary and a collapse are acted on (P3
 
 p1+p4: the tiny pair as an SD (apply -> Ready) and the same pod template as a raw Deployment
 (create -> ready replicas), alternating; while the SD's engine serves, streamed completions
-measure its tokens/s and inter-token latency, then the very same vLLM command line and
-environment (read from the running engine's /proc) is started by hand and measured alike.
+measure its tokens/s and inter-token latency beside the very same vLLM command line and
+environment (read from the running engine's /proc) started by hand, in alternating rounds.
 Writes bench/results/p1-engine.json and passthrough.json.
 
-p3: a canary of a bad draft (about 0 % accepted) under load: from its first served request to
-the stable revision being the only one serving, over its floor (scrape interval + interval x
-failureLimit); then a collapse guard whose floor the serving pair cannot reach: from the first
-request served under the guard to the fallback decided (and to the fallback serving), over its
-floor (scrape interval + collapseGuard.for). Writes bench/results/p3-reaction.json.
-At most two engines run at once; request counts are small (the CPU is shared).
+p3: a canary of a bad draft (about 0 % accepted) under load: from the sending of its first
+answered request to the stable revision being the only one serving, over its floor (scrape
+interval + interval x failureLimit); then a collapse guard whose floor the serving pair cannot
+reach: from the first request answered under the guard (when sent) to the fallback decided (and
+to the fallback serving), over its floor (scrape interval + collapseGuard.for).
+Writes bench/results/p3-reaction.json. At most two engines run at once; request counts are
+small (the CPU is shared).
 """
 
 from __future__ import annotations
@@ -215,6 +216,12 @@ def p1_and_p4(
     passthrough: dict[str, Any] = {}
     template: dict[str, Any] | None = None
     try:
+        # Not timed: the first engine start on the machine reads vLLM and torch from a cold page
+        # cache, which would fall on whichever side goes first.
+        warm = tiny_sd("warm-up", namespace, models, "draft-small", "1")
+        log(f"p1-engine warm-up (not timed): {time_sd_ready(bed, warm, ENGINE_TIMEOUT_S):.1f}s")
+        bed.delete_sds(namespace)
+        pods_gone(bed, namespace)
         for run in range(runs):
             order = ("sd", "raw") if run % 2 == 0 or template is None else ("raw", "sd")
             for kind in order:
@@ -251,7 +258,7 @@ def p1_and_p4(
     p1 = {
         "what": "tiny pair (draft_model) as an SD -> Ready vs the same pod template as a raw "
         "Deployment -> ready replicas; real CPU vLLM engines run by the process kubelet; "
-        "operator timer 30s; alternating",
+        "operator timer 30s; alternating, after one untimed warm-up start",
         "runs": runs,
         "sd_seconds": [round(t, 2) for t in sd_times],
         "raw_seconds": [round(t, 2) for t in raw_times],
@@ -426,7 +433,7 @@ class Reaction:
         self.apply(canary_sd(self.namespace, self.models, "draft-small", "1-small"))
         stable = self.serving_ready()
         counter = FirstServed()
-        with self.load(counter):
+        with self.load(counter) as load:
             self.apply(canary_sd(self.namespace, self.models, "draft-bad", "2-bad"))
             canary = eventually(
                 lambda: self.status().get("canaryRevision"), ENGINE_TIMEOUT_S, "the canary"
@@ -438,7 +445,9 @@ class Reaction:
                 return analysis.get("outcome") == "Rollback" and self.serving() == {stable}
 
             poll_until(rolled_back, 300, "the bad canary rolled back")
-            took = time.monotonic() - counter.first[canary]
+            # From when its first answered request was sent, not when that answer came back:
+            # a bad draft's completion takes seconds, which would hide part of the reaction.
+            took = time.monotonic() - load.first_sent[canary]
         floor = SCRAPE_S + INTERVAL_S * FAILURE_LIMIT
         log(f"p3 rollback: {took:.1f}s, floor {floor}s")
         return {"seconds": round(took, 1), "floor_s": floor, "ratio": round(took / floor, 2)}
@@ -456,9 +465,9 @@ class Reaction:
         time.sleep(2 * TIMER_S)  # the guard is in the operator's hands before any traffic
         pair = self.serving_ready(timeout=180)  # the stable pair again: no engine starts
         counter = FirstServed()
-        with self.load(counter):
+        with self.load(counter) as load:
             eventually(lambda: pair in counter.first, 120, "the pair served under the guard")
-            onset = counter.first[pair]
+            onset = load.first_sent[pair]
 
             def decided() -> bool:
                 return (self.status().get("speculation") or {}).get("state") == "Off"
@@ -467,7 +476,7 @@ class Reaction:
             decided_s = time.monotonic() - onset
             fallback = self.serving_ready(other_than=pair)
             eventually(lambda: fallback in counter.first, ENGINE_TIMEOUT_S, "the fallback served")
-            served_s = counter.first[fallback] - onset
+            served_s = load.first_sent[fallback] - onset
         floor = SCRAPE_S + COLLAPSE_FOR_S
         log(f"p3 collapse: decided {decided_s:.1f}s, fallback served {served_s:.1f}s")
         return {
