@@ -13,7 +13,7 @@ Writes bench/results/p1-engine.json and passthrough.json.
 p3: a canary of a bad draft (about 0 % accepted) under load: from the sending of its first
 answered request to the stable revision being the only one serving, over its floor (scrape
 interval + interval x failureLimit); then a collapse guard whose floor the serving pair cannot
-reach: from the first request answered under the guard (when sent) to the fallback decided (and
+reach, set while the pair serves under load: from the guard applied to the fallback decided (and
 to the fallback serving), over its floor (scrape interval + collapseGuard.for).
 Writes bench/results/p3-reaction.json. At most two engines run at once; request counts are
 small (the CPU is shared).
@@ -453,24 +453,30 @@ class Reaction:
         return {"seconds": round(took, 1), "floor_s": floor, "ratio": round(took / floor, 2)}
 
     def collapse(self) -> dict[str, Any]:
-        """A guard whose floor the serving pair cannot meet: first request served under it ->
-        speculation off decided, and -> the fallback serving."""
+        """A guard whose floor the serving pair cannot meet, set while the pair serves under
+        load (so its condition holds from then on): guard applied -> speculation off decided,
+        and -> the fallback serving."""
         guarded = canary_sd(self.namespace, self.models, "draft-small", "1-small")
         guarded["spec"]["rollout"]["collapseGuard"] = {
             "floor": 0.95,
             "for": f"{COLLAPSE_FOR_S}s",
             "action": "DisableSpeculation",
         }
-        self.apply(guarded)
-        time.sleep(2 * TIMER_S)  # the guard is in the operator's hands before any traffic
-        pair = self.serving_ready(timeout=180)  # the stable pair again: no engine starts
+        pair = self.serving_ready(timeout=180)  # the stable pair of the rollback, serving
         counter = FirstServed()
         with self.load(counter) as load:
-            eventually(lambda: pair in counter.first, 120, "the pair served under the guard")
-            onset = load.first_sent[pair]
+            eventually(lambda: pair in counter.first, 120, "the pair served")
+            # The guard names the serving pair (no new revision): from here acceptance is
+            # below its floor, and `for` of that (seen through a scrape) must fire it.
+            self.apply(guarded)
+            onset = time.monotonic()
 
             def decided() -> bool:
-                return (self.status().get("speculation") or {}).get("state") == "Off"
+                speculation = self.status().get("speculation") or {}
+                return (speculation.get("state"), speculation.get("reason")) == (
+                    "Disabled",
+                    "DisabledAfterCollapse",
+                )
 
             poll_until(decided, 300, "the collapse acted on")
             decided_s = time.monotonic() - onset
