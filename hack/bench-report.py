@@ -335,9 +335,10 @@ LIMITS = {
         "caches is the next cut and is not done"
     ),
     "P1 rollout overhead, CPU engines": (
-        "the engine's own start dominates both sides; the SD's pod is created only after the "
-        "first reconcile, and its launcher checks the pair before vLLM "
-        "starts"
+        "the raw Deployment runs the SD's own pod template (the launcher's pair check "
+        "included), so the engine's start dominates both sides and the operator's part is the "
+        "control-plane time P1 on KWOK pods measures; on a shared CPU one engine start varies "
+        "by more than that, and few runs do not average it out"
     ),
     "P2 idle API reads/min": (
         "every periodic reconcile (each SD every 30 s) reads the SD, its Deployments, "
@@ -359,16 +360,21 @@ LIMITS = {
         "window, and the engines, starved by the machine's load, drafted fewer (see the error)"
     ),
     "P3 bad canary": (
-        "verdicts are taken by timer reconciles (2 s timer) once an interval's data is in "
-        "Prometheus; after the rollback the canary's pod must leave (its engine stops) before "
-        "the stable is the only serving revision"
+        "each verdict is taken as its interval closes (plan.wakeup) and the rollback takes the "
+        "canary's pod out of the Service at once; what remains is the data: a verdict needs "
+        "minDraftTokens of draft tokens in its window, and a canary starved of CPU drafts fewer "
+        "(Inconclusive: the analysis holds), and the analysis starts only when the canary's pod "
+        "is ready, which can trail its first answered request"
     ),
     "P3 collapse": (
-        "the guard needs `for` of data below its floor in Prometheus, seen by a timer reconcile"
+        "the guard fires `for` after a reconcile first sees acceptance below its floor in "
+        "Prometheus (a scrape after the traffic), at the moment that falls due (plan.wakeup)"
     ),
     "P4 engine pass-through": (
-        "the operator adds nothing in the data path (the launcher execs vLLM); the two engines "
-        "run one after the other on a shared CPU, so the ratio carries that noise"
+        "the operator adds nothing in the data path (the launcher execs vLLM with the same "
+        "command line and environment; differences between the two processes are listed in "
+        "the P4 section); both engines run at once, measured in alternating rounds, so what "
+        "remains is the shared CPU's noise between rounds"
     ),
 }
 
