@@ -125,8 +125,9 @@ demo: venv tools system-deps engine-venv prometheus-operator-crd ## Local cluste
 # Small request counts by default: the machine and its CPU are shared.
 BENCH_ENGINE_ARGS ?= --concurrency 1,4 --repeats 1 --requests-per-level 8 --max-tokens 64
 BENCH_SCALE_COUNTS ?= 10,100,1000
-# One run of each side: an engine start takes minutes on a loaded 2-core machine.
-BENCH_ENGINE_CLUSTER_ARGS ?= --runs 1 --requests 6 --max-tokens 48
+# One run of each side (after an untimed warm-up): an engine start takes minutes on a loaded
+# 2-core machine. P4: 3 alternating rounds of 2 completions on each engine.
+BENCH_ENGINE_CLUSTER_ARGS ?= --runs 1 --requests 2 --rounds 3 --max-tokens 32
 
 .PHONY: bench-engine
 bench-engine: venv engine-venv ## CPU engine tokens/s and latency with and without speculation
