@@ -462,7 +462,9 @@ class Reaction:
             "for": f"{COLLAPSE_FOR_S}s",
             "action": "DisableSpeculation",
         }
-        pair = self.serving_ready(timeout=180)  # the stable pair of the rollback, serving
+        # The stable pair of the rollback, serving (the SD is not Ready: its spec still names
+        # the rolled-back canary until the guarded spec below names the stable pair again).
+        pair = str(self.status()["stableRevision"])
         counter = FirstServed()
         with self.load(counter) as load:
             eventually(lambda: pair in counter.first, 120, "the pair served")
