@@ -8,6 +8,7 @@ them, so the operator must give kopf no stop flag and cancel it when the Lease i
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -54,12 +55,35 @@ def _fake_kopf(monkeypatch: pytest.MonkeyPatch, runs_for: float | None) -> dict[
     return seen
 
 
-def _run(elector: _Elector | None) -> int:
+class _Reconciler:
+    """Hands out one SD as due at once; the periodic round sleeps through every test."""
+
+    def __init__(self) -> None:
+        self.due = [("ns", "sd")]
+        self.reconciled: list[tuple[str, str]] = []
+
+    def clock(self) -> datetime:
+        return datetime.now(UTC)
+
+    def take_due(self, now: datetime) -> list[tuple[str, str]]:
+        due, self.due = self.due, []
+        return due
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        self.reconciled.append((namespace, name))
+
+
+def _run(elector: _Elector | None, reconciler: _Reconciler | None = None) -> int:
     config = OperatorConfig()
-    reconciler: Any = object()  # the periodic round sleeps for the whole test
     return asyncio.run(
         asyncio.wait_for(
-            run.run_operator(reconciler, kopf.OperatorRegistry(), config, [], elector),  # type: ignore[arg-type]
+            run.run_operator(
+                reconciler or _Reconciler(),  # type: ignore[arg-type]
+                kopf.OperatorRegistry(),
+                config,
+                [],
+                elector,
+            ),
             timeout=5,
         )
     )
@@ -89,3 +113,12 @@ def test_a_lost_lease_cancels_kopf_and_exits_1_without_releasing(
 def test_without_leader_election_a_stop_returns_0(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_kopf(monkeypatch, runs_for=0.05)
     assert _run(None) == 0
+
+
+def test_an_sd_whose_verdict_is_due_is_reconciled_while_kopf_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_kopf(monkeypatch, runs_for=0.3)
+    reconciler = _Reconciler()
+    assert _run(None, reconciler) == 0
+    assert reconciler.reconciled == [("ns", "sd")]
