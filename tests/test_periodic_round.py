@@ -7,6 +7,7 @@ import asyncio
 from collections import Counter
 from typing import Any, cast
 
+from specdeploy.adapters.watch_cache import NODES, WatchCache
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.handlers.run import reconcile_periodically
 
@@ -14,6 +15,7 @@ from specdeploy.handlers.run import reconcile_periodically
 class CountingKube:
     def __init__(self) -> None:
         self.asked: list[list[str]] = []
+        self.cache = WatchCache(["ns"])
 
     def list_speculative_deployments(self, namespaces: list[str]) -> list[tuple[str, str]]:
         self.asked.append(list(namespaces))
@@ -31,10 +33,10 @@ class CountingReconciler:
             raise ValueError("an SD the plan cannot read")
 
 
-def run_rounds(reconciler: Any, seconds: float) -> None:
+def run_rounds(reconciler: Any, seconds: float, resync: float = 300) -> None:
     async def main() -> None:
         task = asyncio.create_task(
-            reconcile_periodically(cast(Reconciler, reconciler), ["ns"], 0.02)
+            reconcile_periodically(cast(Reconciler, reconciler), ["ns"], 0.02, resync)
         )
         await asyncio.sleep(seconds)
         assert not task.done(), "the round ended"
@@ -49,3 +51,13 @@ def test_every_sd_is_reconciled_every_round_despite_a_failing_one() -> None:
     assert reconciler.done["chat"] >= 3
     assert reconciler.done["broken"] == reconciler.done["chat"]
     assert reconciler.kube.asked[0] == ["ns"]
+
+
+def test_the_round_lists_the_cached_kinds_afresh_every_resync_interval() -> None:
+    reconciler = CountingReconciler()
+    nodes = reconciler.kube.cache.store(NODES)
+    nodes.prime([], [None], 1)
+    run_rounds(reconciler, 0.1)
+    assert nodes.synced  # not yet due
+    run_rounds(reconciler, 0.2, resync=0.05)
+    assert not nodes.synced

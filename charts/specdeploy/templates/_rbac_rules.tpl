@@ -42,13 +42,14 @@ Roles instead). */}}
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
   verbs: [get, list, watch, create, patch]
-# Kueue: the Workloads of gated pods (what quota is missing) and the SD's LocalQueue.
+# Kueue: the Workloads of gated pods (what quota is missing) and the SD's LocalQueue, read
+# from watch-fed copies (get until the copy is filled).
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [list]
+  verbs: [list, watch]
 - apiGroups: [kueue.x-k8s.io]
   resources: [localqueues]
-  verbs: [get]
+  verbs: [get, list, watch]
 {{- end }}
 
 {{- define "specdeploy.secretRules" -}}

@@ -20,6 +20,8 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError, ResourceNotFoundError
 
 from specdeploy import GROUP, VERSION
+from specdeploy.adapters import watch_cache as wc
+from specdeploy.api import labels
 from specdeploy.api.models import PLURAL
 
 FIELD_MANAGER = "specdeploy"
@@ -70,11 +72,17 @@ class KubeAdapter:
     """Typed-enough access to the objects the operator reads and writes, as plain dicts."""
 
     def __init__(
-        self, api_client: client.ApiClient, on_write: Callable[[], None] | None = None
+        self,
+        api_client: client.ApiClient,
+        on_write: Callable[[], None] | None = None,
+        cache: wc.WatchCache | None = None,
     ) -> None:
         self.api_client = api_client
         self.write_requests = 0
         self.on_write = on_write
+        # Watch-fed copies the reads come from once synced (adapters.watch_cache); None reads
+        # the API server every time.
+        self.cache = cache
         self._lock = threading.Lock()
         self._count_writes()
         self.dynamic = DynamicClient(api_client)  # type: ignore[no-untyped-call]
@@ -128,19 +136,48 @@ class KubeAdapter:
         items: list[dict[str, Any]] = found.to_dict().get("items") or []
         return items
 
+    def _list_kind(self, kind: wc.Kind, namespace: str | None) -> tuple[list[dict[str, Any]], int]:
+        """One LIST of a cached kind (the priming read of its store): items, resourceVersion."""
+        if kind.api_version is not None:
+            resource = self._resource(kind.api_version, kind.kind)
+        else:
+            resource = self.dynamic.resources.get(group=kind.group, kind=kind.kind, preferred=True)
+        found: dict[str, Any] = resource.get(namespace=namespace).to_dict()
+        version = str((found.get("metadata") or {}).get("resourceVersion") or "")
+        return found.get("items") or [], int(version) if version.isdigit() else -1
+
+    def _cached(
+        self,
+        kind: wc.Kind,
+        reader: Callable[[wc.KindStore], Any],
+        fallback: Callable[[], Any],
+    ) -> Any:
+        """`reader` on the watch-fed store of `kind`, or `fallback` (an API read) without one."""
+        if self.cache is None:
+            return fallback()
+        return self.cache.read(kind, lambda scope: self._list_kind(kind, scope), reader, fallback)
+
     def get_speculative_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The SpeculativeDeployment as stored, or None when it is gone."""
-        found: dict[str, Any] | None = self._get(
-            f"{GROUP}/{VERSION}", "SpeculativeDeployment", name, namespace
+        found: dict[str, Any] | None = self._cached(
+            wc.SD,
+            lambda store: store.get(namespace, name),
+            lambda: self._get(f"{GROUP}/{VERSION}", "SpeculativeDeployment", name, namespace),
         )
         return found
 
     def list_speculative_deployments(self, namespaces: list[str]) -> list[tuple[str, str]]:
         """(namespace, name) of every SpeculativeDeployment in `namespaces` (all when empty)."""
-        found: list[dict[str, Any]] = []
         scopes: list[str | None] = list(namespaces) or [None]
-        for namespace in scopes:
-            found += self._list(f"{GROUP}/{VERSION}", "SpeculativeDeployment", namespace)
+        found: list[dict[str, Any]] = self._cached(
+            wc.SD,
+            lambda store: [item for scope in scopes for item in store.in_namespace(scope)],
+            lambda: [
+                item
+                for scope in scopes
+                for item in self._list(f"{GROUP}/{VERSION}", "SpeculativeDeployment", scope)
+            ],
+        )
         return [
             (item["metadata"]["namespace"], item["metadata"]["name"])
             for item in found
@@ -149,16 +186,42 @@ class KubeAdapter:
 
     def list_gpu_nodes(self) -> list[dict[str, Any]]:
         """Every Node; sizing reads the GPU ones."""
-        return self._list("v1", "Node", None)
+        found: list[dict[str, Any]] = self._cached(
+            wc.NODES, lambda store: store.in_namespace(None), lambda: self._list("v1", "Node", None)
+        )
+        return found
+
+    def _owned(self, kind: wc.Kind, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Objects of a labelled kind matching `selector`: from the store when the selector is
+        the one the reconcile uses (`specdeploy.dev/name=<sd>`), else from the API server."""
+        assert kind.api_version is not None
+        api_version = kind.api_version
+        key, _, owner = selector.partition("=")
+        if key != labels.NAME or not owner or "," in owner or owner.startswith("="):
+            return self._list(api_version, kind.kind, namespace, selector)
+        found: list[dict[str, Any]] = self._cached(
+            kind,
+            lambda store: store.owned(namespace, owner),
+            lambda: self._list(api_version, kind.kind, namespace, selector),
+        )
+        return found
 
     def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self._list("apps/v1", "Deployment", namespace, selector)
+        return self._owned(wc.DEPLOYMENTS, namespace, selector)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self._list("v1", "Pod", namespace, selector)
+        return self._owned(wc.PODS, namespace, selector)
 
     def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
         """Kueue Workloads of the namespace; empty when Kueue is not installed."""
+        found: list[dict[str, Any]] = self._cached(
+            wc.WORKLOADS,
+            lambda store: store.in_namespace(namespace),
+            lambda: self._list_workloads(namespace),
+        )
+        return found
+
+    def _list_workloads(self, namespace: str) -> list[dict[str, Any]]:
         try:
             resource = self.dynamic.resources.get(
                 group=KUEUE_GROUP, kind="Workload", preferred=True
@@ -178,20 +241,31 @@ class KubeAdapter:
 
     def get_local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Kueue LocalQueue, or None when it (or Kueue) does not exist."""
-        return self._get_kueue("LocalQueue", name, namespace)
+        found: dict[str, Any] | None = self._cached(
+            wc.LOCAL_QUEUES,
+            lambda store: store.get(namespace, name),
+            lambda: self._get_kueue("LocalQueue", name, namespace),
+        )
+        return found
 
     def get_workload_priority_class(self, name: str) -> dict[str, Any] | None:
         """The Kueue WorkloadPriorityClass (cluster-scoped), or None when it (or Kueue) does
         not exist."""
-        return self._get_kueue("WorkloadPriorityClass", name, None)
+        found: dict[str, Any] | None = self._cached(
+            wc.PRIORITY_CLASSES,
+            lambda store: store.get("", name),
+            lambda: self._get_kueue("WorkloadPriorityClass", name, None),
+        )
+        return found
 
     def has_pod_monitor_crd(self) -> bool:
         """Whether the Prometheus Operator's PodMonitor CRD is installed and established."""
-        crd = self._get(
-            "apiextensions.k8s.io/v1",
-            "CustomResourceDefinition",
-            POD_MONITOR_CRD,
-            None,
+        crd = self._cached(
+            wc.CRDS,
+            lambda store: store.get("", POD_MONITOR_CRD),
+            lambda: self._get(
+                "apiextensions.k8s.io/v1", "CustomResourceDefinition", POD_MONITOR_CRD, None
+            ),
         )
         if crd is None or (crd.get("metadata") or {}).get("deletionTimestamp"):
             return False
@@ -207,13 +281,14 @@ class KubeAdapter:
         body = json.loads(json.dumps(manifest))
         resource = self._resource(body["apiVersion"], body["kind"])
         with _refusals(body["kind"], body["metadata"]["name"]):
-            resource.server_side_apply(
+            applied = resource.server_side_apply(
                 body=body,
                 name=body["metadata"]["name"],
                 namespace=body["metadata"].get("namespace"),
                 field_manager=FIELD_MANAGER,
                 force_conflicts=True,
             )
+        self._write_through(body["apiVersion"], body["kind"], applied)
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
         """Creates `manifest`; False when an object of that name is already there (409);
@@ -221,24 +296,42 @@ class KubeAdapter:
         resource = self._resource(manifest["apiVersion"], manifest["kind"])
         try:
             with _refusals(manifest["kind"], manifest["metadata"]["name"]):
-                resource.create(
+                created = resource.create(
                     body=dict(manifest),
                     namespace=manifest["metadata"].get("namespace"),
                     field_manager=FIELD_MANAGER,
                 )
         except ConflictError:
             return False
+        self._write_through(manifest["apiVersion"], manifest["kind"], created)
         return True
 
+    def _write_through(self, api_version: str, kind: str, answer: Any) -> None:
+        """Stores the API server's answer to a write in the watch-fed store of its kind."""
+        store = self.cache.for_write(api_version, kind) if self.cache is not None else None
+        if store is not None and answer is not None:
+            store.write_through(answer.to_dict() if hasattr(answer, "to_dict") else answer)
+
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
-        """One object as a dict, or None."""
-        return self._get(api_version, kind, name, namespace)
+        """One object as a dict, or None (from the watch-fed store of an SD's Service or
+        PodMonitor; Secrets and other kinds from the API server)."""
+        cached = _CACHED_GETS.get((api_version, kind))
+        if cached is None:
+            return self._get(api_version, kind, name, namespace)
+        return self._cached(
+            cached,
+            lambda store: store.get(namespace, name),
+            lambda: self._get(api_version, kind, name, namespace),
+        )
 
     def list_objects(
         self, api_version: str, kind: str, namespace: str, selector: str
     ) -> list[dict[str, Any]]:
         """Objects of one kind in a namespace matching a label selector."""
-        return self._list(api_version, kind, namespace, selector)
+        cached = _CACHED_LISTS.get((api_version, kind))
+        if cached is None:
+            return self._list(api_version, kind, namespace, selector)
+        return self._owned(cached, namespace, selector)
 
     def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
         """Sets a Deployment's replicas through its scale subresource."""
@@ -253,10 +346,24 @@ class KubeAdapter:
             self._resource(api_version, kind).delete(
                 name=name, namespace=namespace, propagation_policy="Background"
             )
+        store = self.cache.for_write(api_version, kind) if self.cache is not None else None
+        if store is not None:
+            store.forget(namespace, name)
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patches (RFC 7386) the SpeculativeDeployment's status subresource: a None
         value removes its key."""
-        client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object_status(
+        patched = client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": dict(patch)}
         )
+        if self.cache is not None and isinstance(patched, dict):
+            # Only an SD the store still holds: a deletion seen meanwhile stays seen.
+            self.cache.store(wc.SD).write_through(patched, only_known=True)
+
+
+# Kinds `get` and `list_objects` serve from the watch-fed stores (the SD's own children).
+_CACHED_GETS = {
+    ("v1", "Service"): wc.SERVICES,
+    ("monitoring.coreos.com/v1", "PodMonitor"): wc.POD_MONITORS,
+}
+_CACHED_LISTS = {("apps/v1", "ControllerRevision"): wc.RECORDS}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -33,6 +33,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from specdeploy import GROUP, VERSION
+from specdeploy.adapters import watch_cache
 from specdeploy.adapters.kube import KubeAdapter
 from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.api import labels
@@ -48,6 +49,8 @@ CONFIGMAP_PREFIX = "configmap:"
 CONFIGMAP_KEY = "config.yaml"
 RETRY_DELAY_SECONDS = 5
 RECONCILE_WORKERS = 8
+# How often the watch-fed stores are listed afresh (bounds what a missed watch event can cost).
+CACHE_RESYNC_SECONDS = 300.0
 EVENT_SOURCE = "specdeploy"
 
 log = logging.getLogger("specdeploy.operator")
@@ -208,16 +211,51 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         # all, since the pod never became ready, so decide now rather than at the next timer.
         reconcile_owner(namespace, labels, type, "a launcher exit")
 
+    if reconciler.kube.cache is not None:
+        feed_cache(registry, reconciler.kube.cache)
     return registry
 
 
+def feed_cache(registry: kopf.OperatorRegistry, cache: watch_cache.WatchCache) -> None:
+    """One watch handler per cached kind that keeps its store current (adapters.watch_cache).
+    kopf runs one watch per resource whatever the number of handlers, so the kinds the
+    operator already watched cost no further stream."""
+    for kind in watch_cache.KINDS:
+        group, version, plural = kind.watch
+        kopf.on.event(
+            group=group,
+            version=version,
+            plural=plural,
+            registry=registry,
+            id=f"cache-{kind.name}",
+        )(_cache_feeder(cache, kind))
+
+
+def _cache_feeder(
+    cache: watch_cache.WatchCache, kind: watch_cache.Kind
+) -> Callable[..., Awaitable[None]]:
+    # Async, so it runs on kopf's loop at once rather than waiting for a worker thread.
+    async def feed(event: Mapping[str, Any], type: str | None, **_: Any) -> None:
+        obj = event.get("object")
+        if isinstance(obj, Mapping):
+            cache.observe(kind, type, obj)
+
+    return feed
+
+
 async def reconcile_periodically(
-    reconciler: Reconciler, namespaces: list[str], interval: float
+    reconciler: Reconciler,
+    namespaces: list[str],
+    interval: float,
+    resync: float = CACHE_RESYNC_SECONDS,
 ) -> None:
     """Every `interval` seconds, reconciles every SpeculativeDeployment of `namespaces` (all
     when empty): the level-based round that picks up what no watch event announces (quota
     freed, nodes changed, metrics to judge)."""
     workers = asyncio.Semaphore(RECONCILE_WORKERS)
+    cache = reconciler.kube.cache
+    loop = asyncio.get_running_loop()
+    listed_at = loop.time()
 
     async def one(namespace: str, name: str) -> None:
         async with workers:
@@ -231,6 +269,9 @@ async def reconcile_periodically(
 
     while True:
         await asyncio.sleep(interval)
+        if cache is not None and loop.time() - listed_at >= resync:
+            cache.expire()  # the next reads list each kind afresh
+            listed_at = loop.time()
         try:
             found = await asyncio.to_thread(
                 reconciler.kube.list_speculative_deployments, namespaces
@@ -329,6 +370,7 @@ def main(args: argparse.Namespace) -> int:
     kube = KubeAdapter.from_environment(on_write=metrics.api_writes.inc)
     config = load_config(getattr(args, "config", None), kube)
     namespaces = list(getattr(args, "namespace", None) or config.namespaces)
+    kube.cache = watch_cache.WatchCache(namespaces)
     identity = default_identity()
     post_event = EventPoster(client.CoreV1Api(client.ApiClient()), identity)
     reconciler = Reconciler(kube, config, post_event, metrics=metrics)

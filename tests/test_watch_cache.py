@@ -1,0 +1,181 @@
+"""The watch-fed stores: what events, our own writes and priming LISTs leave in them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from specdeploy.adapters import watch_cache as wc
+from specdeploy.api import labels
+
+
+def obj(
+    name: str,
+    version: int,
+    *,
+    namespace: str = "ns",
+    owner: str | None = "sd",
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "resourceVersion": str(version),
+        "labels": {labels.NAME: owner} if owner else {},
+        "managedFields": [{"manager": "specdeploy", "fieldsV1": {"f:spec": {}}}],
+        "annotations": {
+            "kubectl.kubernetes.io/last-applied-configuration": "{...}",
+            "specdeploy.dev/last-handled-configuration": "{...}",
+            "kept": "yes",
+        },
+    }
+    return {"metadata": meta, "spec": dict(extra or {})}
+
+
+def test_strip_drops_managed_fields_and_earlier_copies_and_keeps_the_rest() -> None:
+    original = obj("a", 1)
+    stripped = wc.strip(original)
+    assert "managedFields" not in stripped["metadata"]
+    assert stripped["metadata"]["annotations"] == {"kept": "yes"}
+    assert "managedFields" in original["metadata"]  # the caller's object is left alone
+
+
+def test_events_index_children_by_their_sd_label() -> None:
+    store = wc.KindStore(labelled=True)
+    store.observe(None, obj("a", 1))
+    store.observe("ADDED", obj("b", 2))
+    store.observe("ADDED", obj("c", 3, owner="other"))
+    store.observe("ADDED", obj("d", 4, namespace="elsewhere"))
+    assert [o["metadata"]["name"] for o in store.owned("ns", "sd")] == ["a", "b"]
+    assert [o["metadata"]["name"] for o in store.owned("ns", "other")] == ["c"]
+    store.observe("DELETED", obj("a", 5))
+    assert [o["metadata"]["name"] for o in store.owned("ns", "sd")] == ["b"]
+
+
+def test_an_older_event_does_not_overwrite_a_newer_copy() -> None:
+    store = wc.KindStore()
+    store.write_through(obj("a", 10, extra={"replicas": 2}))
+    store.observe("MODIFIED", obj("a", 9, extra={"replicas": 1}))
+    found = store.get("ns", "a")
+    assert found is not None and found["spec"]["replicas"] == 2
+    store.observe("MODIFIED", obj("a", 11, extra={"replicas": 3}))
+    found = store.get("ns", "a")
+    assert found is not None and found["spec"]["replicas"] == 3
+
+
+def test_a_child_whose_label_is_taken_off_leaves_its_sd() -> None:
+    store = wc.KindStore(labelled=True)
+    store.observe("ADDED", obj("a", 1))
+    store.observe("MODIFIED", obj("a", 2, owner=None))
+    assert store.owned("ns", "sd") == []
+    assert store.get("ns", "a") is None
+
+
+def test_a_relabelled_child_moves_to_its_new_sd() -> None:
+    store = wc.KindStore(labelled=True)
+    store.observe("ADDED", obj("a", 1))
+    store.observe("MODIFIED", obj("a", 2, owner="other"))
+    assert store.owned("ns", "sd") == []
+    assert [o["metadata"]["name"] for o in store.owned("ns", "other")] == ["a"]
+
+
+def test_reads_are_copies() -> None:
+    store = wc.KindStore(labelled=True)
+    store.observe("ADDED", obj("a", 1, extra={"replicas": 1}))
+    got = store.owned("ns", "sd")[0]
+    got["spec"]["replicas"] = 99
+    again = store.get("ns", "a")
+    assert again is not None and again["spec"]["replicas"] == 1
+
+
+def test_status_write_through_does_not_bring_back_a_deleted_sd() -> None:
+    store = wc.KindStore()
+    store.observe("ADDED", obj("sd", 1))
+    store.observe("DELETED", obj("sd", 2))
+    store.write_through(obj("sd", 3), only_known=True)
+    assert store.get("ns", "sd") is None
+    store.observe("ADDED", obj("sd", 4))
+    store.write_through(obj("sd", 5, extra={"x": 1}), only_known=True)
+    found = store.get("ns", "sd")
+    assert found is not None and found["spec"] == {"x": 1}
+
+
+def test_forget_drops_an_object_we_deleted() -> None:
+    store = wc.KindStore(labelled=True)
+    store.observe("ADDED", obj("a", 1))
+    store.forget("ns", "a")
+    assert store.owned("ns", "sd") == []
+
+
+def test_prime_replaces_the_listed_scope_and_keeps_what_came_after_the_list() -> None:
+    store = wc.KindStore()
+    store.observe(None, obj("gone", 3))  # deleted before the LIST at version 10
+    store.observe("ADDED", obj("new", 12))  # created after it
+    store.observe("ADDED", obj("other-ns", 4, namespace="other"))
+    store.observe("MODIFIED", obj("kept", 11, extra={"v": "watch"}))
+    assert not store.synced
+    store.prime(
+        [obj("kept", 8, extra={"v": "list"}), obj("listed", 9)], scopes=["ns"], version=10
+    )
+    assert store.synced
+    assert store.keys() == [("ns", "kept"), ("ns", "listed"), ("ns", "new"), ("other", "other-ns")]
+    kept = store.get("ns", "kept")
+    assert kept is not None and kept["spec"] == {"v": "watch"}
+    store.prime([], scopes=[None], version=20)
+    assert store.keys() == []
+
+
+def test_read_primes_once_then_serves_from_memory() -> None:
+    cache = wc.WatchCache(["a", "b"])
+    lists: list[str | None] = []
+
+    def lister(scope: str | None) -> tuple[list[dict[str, Any]], int]:
+        lists.append(scope)
+        return [obj("x", 1, namespace=scope or "")], 5
+
+    def fallback() -> Any:
+        raise AssertionError("no fallback once the LIST works")
+
+    def reader(store: wc.KindStore) -> list[wc.Key]:
+        return store.keys()
+
+    assert cache.read(wc.DEPLOYMENTS, lister, reader, fallback) == [("a", "x"), ("b", "x")]
+    assert cache.read(wc.DEPLOYMENTS, lister, reader, fallback) == [("a", "x"), ("b", "x")]
+    assert lists == ["a", "b"]  # one LIST per watched namespace, once
+    assert cache.read(wc.NODES, lambda s: ([obj("n", 1, namespace="")], 1), reader, fallback) == [
+        ("", "n")
+    ]
+    cache.expire()
+    cache.read(wc.DEPLOYMENTS, lister, reader, fallback)
+    assert lists == ["a", "b", "a", "b"]
+
+
+def test_read_falls_back_to_the_api_while_the_kind_cannot_be_listed() -> None:
+    cache = wc.WatchCache()
+
+    def lister(scope: str | None) -> tuple[list[dict[str, Any]], int]:
+        raise RuntimeError("the server could not find the requested resource")
+
+    assert cache.read(wc.WORKLOADS, lister, lambda s: "cached", lambda: "from the API") == (
+        "from the API"
+    )
+    assert not cache.store(wc.WORKLOADS).synced
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind", "expected"),
+    [
+        ("apps/v1", "Deployment", "deployments"),
+        ("apps/v1", "ControllerRevision", "records"),
+        ("v1", "Service", "services"),
+        ("kueue.x-k8s.io/v1beta1", "Workload", "workloads"),
+        ("v1", "Secret", None),
+    ],
+)
+def test_writes_find_the_store_of_their_kind(
+    api_version: str, kind: str, expected: str | None
+) -> None:
+    cache = wc.WatchCache()
+    store = cache.for_write(api_version, kind)
+    assert (store is cache.stores[expected]) if expected else store is None
