@@ -58,10 +58,12 @@ def test_an_older_event_does_not_overwrite_a_newer_copy() -> None:
     store.write_through(obj("a", 10, extra={"replicas": 2}))
     store.observe("MODIFIED", obj("a", 9, extra={"replicas": 1}))
     found = store.get("ns", "a")
-    assert found is not None and found["spec"]["replicas"] == 2
+    assert found is not None
+    assert found["spec"]["replicas"] == 2
     store.observe("MODIFIED", obj("a", 11, extra={"replicas": 3}))
     found = store.get("ns", "a")
-    assert found is not None and found["spec"]["replicas"] == 3
+    assert found is not None
+    assert found["spec"]["replicas"] == 3
 
 
 def test_a_child_whose_label_is_taken_off_leaves_its_sd() -> None:
@@ -86,7 +88,8 @@ def test_reads_are_copies() -> None:
     got = store.owned("ns", "sd")[0]
     got["spec"]["replicas"] = 99
     again = store.get("ns", "a")
-    assert again is not None and again["spec"]["replicas"] == 1
+    assert again is not None
+    assert again["spec"]["replicas"] == 1
 
 
 def test_status_write_through_does_not_bring_back_a_deleted_sd() -> None:
@@ -98,7 +101,8 @@ def test_status_write_through_does_not_bring_back_a_deleted_sd() -> None:
     store.observe("ADDED", obj("sd", 4))
     store.write_through(obj("sd", 5, extra={"x": 1}), only_known=True)
     found = store.get("ns", "sd")
-    assert found is not None and found["spec"] == {"x": 1}
+    assert found is not None
+    assert found["spec"] == {"x": 1}
 
 
 def test_forget_drops_an_object_we_deleted() -> None:
@@ -115,13 +119,12 @@ def test_prime_replaces_the_listed_scope_and_keeps_what_came_after_the_list() ->
     store.observe("ADDED", obj("other-ns", 4, namespace="other"))
     store.observe("MODIFIED", obj("kept", 11, extra={"v": "watch"}))
     assert not store.synced
-    store.prime(
-        [obj("kept", 8, extra={"v": "list"}), obj("listed", 9)], scopes=["ns"], version=10
-    )
+    store.prime([obj("kept", 8, extra={"v": "list"}), obj("listed", 9)], scopes=["ns"], version=10)
     assert store.synced
     assert store.keys() == [("ns", "kept"), ("ns", "listed"), ("ns", "new"), ("other", "other-ns")]
     kept = store.get("ns", "kept")
-    assert kept is not None and kept["spec"] == {"v": "watch"}
+    assert kept is not None
+    assert kept["spec"] == {"v": "watch"}
     store.prime([], scopes=[None], version=20)
     assert store.keys() == []
 
