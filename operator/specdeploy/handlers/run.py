@@ -129,6 +129,10 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
     """The operator's handlers, each a thin route into `reconciler`."""
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
+    if reconciler.kube.cache is not None:
+        # First: kopf runs an event's handlers in the order they were registered, so the
+        # reconcile a child's event starts already reads that event's object from the cache.
+        feed_cache(registry, reconciler.kube.cache)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -211,8 +215,6 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
         # all, since the pod never became ready, so decide now rather than at the next timer.
         reconcile_owner(namespace, labels, type, "a launcher exit")
 
-    if reconciler.kube.cache is not None:
-        feed_cache(registry, reconciler.kube.cache)
     return registry
 
 
