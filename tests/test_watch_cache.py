@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from specdeploy.adapters import watch_cache as wc
+from specdeploy.adapters.kube import KubeAdapter
 from specdeploy.api import labels
 
 
@@ -182,3 +183,54 @@ def test_writes_find_the_store_of_their_kind(
     cache = wc.WatchCache()
     store = cache.for_write(api_version, kind)
     assert (store is cache.stores[expected]) if expected else store is None
+
+
+class ListingKube(KubeAdapter):
+    """The adapter's read routing with the API calls recorded instead of sent."""
+
+    def __init__(self, objects: dict[str, list[dict[str, Any]]]) -> None:
+        self.cache = wc.WatchCache(["ns"])
+        self.objects = objects
+        self.calls: list[str] = []
+
+    def _list_kind(self, kind: wc.Kind, namespace: str | None) -> tuple[list[dict[str, Any]], int]:
+        self.calls.append(f"LIST {kind.kind} {namespace}")
+        return [o for o in self.objects.get(kind.kind, [])], 100
+
+    def _list(
+        self, api_version: str, kind: str, namespace: str | None, selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        self.calls.append(f"list {kind} {namespace} {selector}")
+        return []
+
+    def _get(self, api_version: str, kind: str, name: str, namespace: str | None) -> Any:
+        self.calls.append(f"get {kind} {namespace}/{name}")
+        return None
+
+
+def test_the_adapter_reads_a_kind_once_then_from_memory() -> None:
+    crd = {
+        "metadata": {"name": "podmonitors.monitoring.coreos.com", "resourceVersion": "3"},
+        "status": {"conditions": [{"type": "Established", "status": "True"}]},
+    }
+    kube = ListingKube(
+        {
+            "Deployment": [obj("sd-a", 1), obj("x", 2, owner="other")],
+            "CustomResourceDefinition": [crd],
+        }
+    )
+    selector = f"{labels.NAME}=sd"
+    for _ in range(3):
+        assert [d["metadata"]["name"] for d in kube.list_deployments("ns", selector)] == ["sd-a"]
+        assert kube.has_pod_monitor_crd()
+    assert kube.calls == ["LIST Deployment ns", "LIST CustomResourceDefinition None"]
+    kube.calls.clear()
+    # What the stores do not serve still goes to the API server.
+    kube.list_deployments("ns", "app=x")
+    kube.get("v1", "Secret", "ns", "token")
+    assert kube.calls == ["list Deployment ns app=x", "get Secret ns/token"]
+    kube.calls.clear()
+    assert kube.cache is not None
+    kube.cache.observe(wc.CRDS, "DELETED", crd)
+    assert not kube.has_pod_monitor_crd()
+    assert kube.calls == []

@@ -233,6 +233,14 @@ def feed_cache(registry: kopf.OperatorRegistry, cache: watch_cache.WatchCache) -
         )(_cache_feeder(cache, kind))
 
 
+class _QuietCacheFeeders(logging.Filter):
+    """Drops kopf's per-event success line of the cache feeders: one per watch event of every
+    cached kind would drown the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Handler 'cache-")
+
+
 def _cache_feeder(
     cache: watch_cache.WatchCache, kind: watch_cache.Kind
 ) -> Callable[..., Awaitable[None]]:
@@ -373,6 +381,7 @@ def main(args: argparse.Namespace) -> int:
     config = load_config(getattr(args, "config", None), kube)
     namespaces = list(getattr(args, "namespace", None) or config.namespaces)
     kube.cache = watch_cache.WatchCache(namespaces)
+    logging.getLogger("kopf.objects").addFilter(_QuietCacheFeeders())
     identity = default_identity()
     post_event = EventPoster(client.CoreV1Api(client.ApiClient()), identity)
     reconciler = Reconciler(kube, config, post_event, metrics=metrics)
