@@ -42,6 +42,16 @@ def test_strip_drops_managed_fields_and_earlier_copies_and_keeps_the_rest() -> N
     assert "managedFields" in original["metadata"]  # the caller's object is left alone
 
 
+def test_a_crd_is_kept_without_its_schema() -> None:
+    cache = wc.WatchCache()
+    crd = obj("podmonitors.monitoring.coreos.com", 1, namespace="", owner=None)
+    crd["status"] = {"conditions": [{"type": "Established", "status": "True"}]}
+    cache.observe(wc.CRDS, None, crd)
+    kept = cache.store(wc.CRDS).get("", "podmonitors.monitoring.coreos.com")
+    assert kept is not None
+    assert set(kept) == {"metadata", "status"}
+
+
 def test_events_index_children_by_their_sd_label() -> None:
     store = wc.KindStore(labelled=True)
     store.observe(None, obj("a", 1))

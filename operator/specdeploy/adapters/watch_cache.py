@@ -33,10 +33,11 @@ DROPPED_ANNOTATIONS = frozenset(
 )
 
 
-def strip(obj: Mapping[str, Any]) -> Obj:
+def strip(obj: Mapping[str, Any], keep: frozenset[str] | None = None) -> Obj:
     """A copy of `obj` without the fields the reconcile never reads and that make up most of
-    an object's size (managedFields and last-applied annotations)."""
-    stripped = copy.deepcopy(dict(obj))
+    an object's size (managedFields and last-applied annotations); with `keep`, only those
+    top-level fields (a CRD's schema is never read, only its status)."""
+    stripped = copy.deepcopy({k: v for k, v in obj.items() if keep is None or k in keep})
     metadata = stripped.get("metadata")
     if isinstance(metadata, dict):
         metadata.pop("managedFields", None)
@@ -69,8 +70,9 @@ class KindStore:
     `specdeploy.dev/name` label (the children and pods of SDs); the others keep every object.
     Thread-safe: kopf's event loop writes while reconcile threads read."""
 
-    def __init__(self, *, labelled: bool = False) -> None:
+    def __init__(self, *, labelled: bool = False, keep: frozenset[str] | None = None) -> None:
         self.labelled = labelled
+        self.keep = keep
         self._objects: dict[Key, Obj] = {}
         self._by_owner: dict[Key, set[str]] = {}
         self._synced = False
@@ -132,7 +134,7 @@ class KindStore:
             with self._lock:
                 self._remove(key)  # the label was taken off: no SD's child any more
             return
-        stripped = strip(obj)
+        stripped = strip(obj, self.keep)
         with self._lock:
             held = self._objects.get(key)
             if held is not None and newer_only and _version(held) > _version(stripped):
@@ -193,6 +195,7 @@ class Kind:
     namespaced: bool
     labelled: bool
     watch: tuple[str, str | None, str]
+    keep: frozenset[str] | None = None
 
 
 SD = Kind(
@@ -263,6 +266,7 @@ CRDS = Kind(
     False,
     False,
     ("apiextensions.k8s.io", "v1", "customresourcedefinitions"),
+    keep=frozenset({"apiVersion", "kind", "metadata", "status"}),
 )
 
 KINDS: tuple[Kind, ...] = (
@@ -286,7 +290,9 @@ class WatchCache:
 
     def __init__(self, namespaces: Iterable[str] = ()) -> None:
         self.namespaces = list(namespaces)
-        self.stores = {kind.name: KindStore(labelled=kind.labelled) for kind in KINDS}
+        self.stores = {
+            kind.name: KindStore(labelled=kind.labelled, keep=kind.keep) for kind in KINDS
+        }
         self.hits = 0
         self.misses = 0
 
