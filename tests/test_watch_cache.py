@@ -52,6 +52,19 @@ def test_a_crd_is_kept_without_its_schema() -> None:
     assert set(kept) == {"metadata", "status"}
 
 
+def test_a_pod_is_kept_with_its_gates_and_status_only() -> None:
+    cache = wc.WatchCache()
+    pod = obj(
+        "p", 1, extra={"containers": [{"name": "engine"}], "schedulingGates": [{"name": "g"}]}
+    )
+    pod["status"] = {"phase": "Pending"}
+    cache.observe(wc.PODS, "ADDED", pod)
+    kept = cache.store(wc.PODS).get("ns", "p")
+    assert kept is not None
+    assert kept["spec"] == {"schedulingGates": [{"name": "g"}]}
+    assert kept["status"] == {"phase": "Pending"}
+
+
 def test_events_index_children_by_their_sd_label() -> None:
     store = wc.KindStore(labelled=True)
     store.observe(None, obj("a", 1))
@@ -101,6 +114,16 @@ def test_reads_are_copies() -> None:
     again = store.get("ns", "a")
     assert again is not None
     assert again["spec"]["replicas"] == 1
+
+
+def test_shared_reads_hand_out_objects_a_later_event_replaces_rather_than_changes() -> None:
+    store = wc.KindStore()
+    store.observe("ADDED", obj("n", 1, namespace="", owner=None, extra={"v": 1}))
+    before = store.in_namespace(None, shared=True)[0]
+    assert store.in_namespace(None, shared=True)[0] is before
+    store.observe("MODIFIED", obj("n", 2, namespace="", owner=None, extra={"v": 2}))
+    assert before["spec"] == {"v": 1}
+    assert store.in_namespace(None, shared=True)[0]["spec"] == {"v": 2}
 
 
 def test_status_write_through_does_not_bring_back_a_deleted_sd() -> None:
@@ -244,3 +267,18 @@ def test_the_adapter_reads_a_kind_once_then_from_memory() -> None:
     kube.cache.observe(wc.CRDS, "DELETED", crd)
     assert not kube.has_pod_monitor_crd()
     assert kube.calls == []
+
+
+def test_a_refresh_keeps_serving_and_a_failed_one_falls_back() -> None:
+    cache = wc.WatchCache()
+    store = cache.store(wc.NODES)
+    store.prime([obj("old", 1, namespace="", owner=None)], [None], 1)
+    cache.refresh(wc.NODES, lambda scope: ([obj("new", 5, namespace="", owner=None)], 5))
+    assert store.synced
+    assert store.keys() == [("", "new")]
+
+    def broken(scope: str | None) -> tuple[list[dict[str, Any]], int]:
+        raise RuntimeError("forbidden")
+
+    cache.refresh(wc.NODES, broken)
+    assert not store.synced

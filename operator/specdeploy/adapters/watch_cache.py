@@ -33,11 +33,26 @@ DROPPED_ANNOTATIONS = frozenset(
 )
 
 
-def strip(obj: Mapping[str, Any], keep: frozenset[str] | None = None) -> Obj:
+def strip(
+    obj: Mapping[str, Any],
+    keep: frozenset[str] | None = None,
+    keep_spec: frozenset[str] | None = None,
+) -> Obj:
     """A copy of `obj` without the fields the reconcile never reads and that make up most of
     an object's size (managedFields and last-applied annotations); with `keep`, only those
-    top-level fields (a CRD's schema is never read, only its status)."""
-    stripped = copy.deepcopy({k: v for k, v in obj.items() if keep is None or k in keep})
+    top-level fields (a CRD's schema is never read, only its status), with `keep_spec` only
+    those fields of its spec (of a pod, the reconcile reads its scheduling gates only)."""
+    stripped = copy.deepcopy(
+        {
+            k: (
+                {f: x for f, x in v.items() if f in keep_spec}
+                if k == "spec" and keep_spec and isinstance(v, Mapping)
+                else v
+            )
+            for k, v in obj.items()
+            if keep is None or k in keep
+        }
+    )
     metadata = stripped.get("metadata")
     if isinstance(metadata, dict):
         metadata.pop("managedFields", None)
@@ -70,9 +85,16 @@ class KindStore:
     `specdeploy.dev/name` label (the children and pods of SDs); the others keep every object.
     Thread-safe: kopf's event loop writes while reconcile threads read."""
 
-    def __init__(self, *, labelled: bool = False, keep: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        labelled: bool = False,
+        keep: frozenset[str] | None = None,
+        keep_spec: frozenset[str] | None = None,
+    ) -> None:
         self.labelled = labelled
         self.keep = keep
+        self.keep_spec = keep_spec
         self._objects: dict[Key, Obj] = {}
         self._by_owner: dict[Key, set[str]] = {}
         self._synced = False
@@ -134,7 +156,7 @@ class KindStore:
             with self._lock:
                 self._remove(key)  # the label was taken off: no SD's child any more
             return
-        stripped = strip(obj, self.keep)
+        stripped = strip(obj, self.keep, self.keep_spec)
         with self._lock:
             held = self._objects.get(key)
             if held is not None and newer_only and _version(held) > _version(stripped):
@@ -165,11 +187,14 @@ class KindStore:
             names = sorted(self._by_owner.get((namespace, owner), ()))
             return [copy.deepcopy(self._objects[(namespace, n)]) for n in names]
 
-    def in_namespace(self, namespace: str | None) -> list[Obj]:
-        """Copies of every object of `namespace` (all when None)."""
+    def in_namespace(self, namespace: str | None, *, shared: bool = False) -> list[Obj]:
+        """Copies of every object of `namespace` (all when None). `shared` hands out the
+        stored objects themselves, for a caller that only reads them (the store replaces an
+        object on each event, never changes one in place): every reconcile reads every node,
+        and copying them all each time was most of a reconcile's cost."""
         with self._lock:
             return [
-                copy.deepcopy(obj)
+                obj if shared else copy.deepcopy(obj)
                 for key, obj in sorted(self._objects.items())
                 if namespace is None or key[0] == namespace
             ]
@@ -196,6 +221,7 @@ class Kind:
     labelled: bool
     watch: tuple[str, str | None, str]
     keep: frozenset[str] | None = None
+    keep_spec: frozenset[str] | None = None
 
 
 SD = Kind(
@@ -229,7 +255,17 @@ POD_MONITORS = Kind(
     True,
     ("monitoring.coreos.com", "v1", "podmonitors"),
 )
-PODS = Kind("pods", "v1", None, "Pod", True, True, ("", "v1", "pods"))
+PODS = Kind(
+    "pods",
+    "v1",
+    None,
+    "Pod",
+    True,
+    True,
+    ("", "v1", "pods"),
+    # plan.placement reads the gates; the containers are the Deployment's (cached there).
+    keep_spec=frozenset({"schedulingGates", "nodeName"}),
+)
 NODES = Kind("nodes", "v1", None, "Node", False, False, ("", "v1", "nodes"))
 WORKLOADS = Kind(
     "workloads",
@@ -239,6 +275,8 @@ WORKLOADS = Kind(
     True,
     False,
     ("kueue.x-k8s.io", None, "workloads"),
+    # plan.placement reads the owners and the conditions, never the pod sets' templates.
+    keep=frozenset({"apiVersion", "kind", "metadata", "status"}),
 )
 LOCAL_QUEUES = Kind(
     "localqueues",
@@ -291,7 +329,8 @@ class WatchCache:
     def __init__(self, namespaces: Iterable[str] = ()) -> None:
         self.namespaces = list(namespaces)
         self.stores = {
-            kind.name: KindStore(labelled=kind.labelled, keep=kind.keep) for kind in KINDS
+            kind.name: KindStore(labelled=kind.labelled, keep=kind.keep, keep_spec=kind.keep_spec)
+            for kind in KINDS
         }
         self.hits = 0
         self.misses = 0
@@ -322,6 +361,18 @@ class WatchCache:
             if kind.api_version == api_version or (kind.group is not None and kind.group == group):
                 return self.store(kind)
         return None
+
+    def refresh(self, kind: Kind, lister: Callable[[str | None], tuple[list[Obj], int]]) -> None:
+        """Lists `kind` afresh into its store while it stays synced (reads go on meanwhile);
+        when the LIST fails the store is marked unsynced, so reads fall back to the API."""
+        scopes = self.scopes(kind)
+        try:
+            lists = [lister(scope) for scope in scopes]
+        except Exception:
+            self.store(kind).expire()
+            return
+        items = [item for found, _ in lists for item in found]
+        self.store(kind).prime(items, scopes, min(version for _, version in lists))
 
     def read(
         self,

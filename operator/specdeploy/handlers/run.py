@@ -49,7 +49,7 @@ CONFIGMAP_PREFIX = "configmap:"
 CONFIGMAP_KEY = "config.yaml"
 RETRY_DELAY_SECONDS = 5
 RECONCILE_WORKERS = 8
-# How often the watch-fed stores are listed afresh (bounds what a missed watch event can cost).
+# How often the watch-fed stores are listed afresh (bounds what a missed watch event costs).
 CACHE_RESYNC_SECONDS = 300.0
 EVENT_SOURCE = "specdeploy"
 
@@ -280,7 +280,8 @@ async def reconcile_periodically(
     while True:
         await asyncio.sleep(interval)
         if cache is not None and loop.time() - listed_at >= resync:
-            cache.expire()  # the next reads list each kind afresh
+            # Each kind listed afresh beside the reads, which go on from the stores.
+            await asyncio.to_thread(reconciler.kube.refresh_cache)
             listed_at = loop.time()
         try:
             found = await asyncio.to_thread(
