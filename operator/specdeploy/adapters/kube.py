@@ -8,6 +8,7 @@ write is needed is decided in plan/ (plan.drift), never here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -167,7 +168,7 @@ class KubeAdapter:
             return
         for kind in wc.KINDS:
             if self.cache.store(kind).synced:
-                self.cache.refresh(kind, lambda scope, kind=kind: self._list_kind(kind, scope))
+                self.cache.refresh(kind, functools.partial(self._list_kind, kind))
 
     def get_speculative_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The SpeculativeDeployment as stored, or None when it is gone."""
