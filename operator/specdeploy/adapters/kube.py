@@ -148,7 +148,13 @@ class KubeAdapter:
         raw = resource.get(namespace=namespace, serialize=False)
         found: dict[str, Any] = json.loads(raw.data)
         version = str((found.get("metadata") or {}).get("resourceVersion") or "")
-        return found.get("items") or [], int(version) if version.isdigit() else -1
+        items: list[dict[str, Any]] = found.get("items") or []
+        for item in items:
+            # A LIST's items carry no apiVersion and kind (a watch event's and a GET's do), and
+            # plan.drift compares them with the desired manifest's.
+            item.setdefault("apiVersion", found.get("apiVersion"))
+            item.setdefault("kind", kind.kind)
+        return items, int(version) if version.isdigit() else -1
 
     def _cached(
         self,
