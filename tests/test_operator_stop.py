@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import pytest
@@ -78,11 +78,11 @@ def _run(elector: _Elector | None, reconciler: _Reconciler | None = None) -> int
     return asyncio.run(
         asyncio.wait_for(
             run.run_operator(
-                reconciler or _Reconciler(),  # type: ignore[arg-type]
+                cast(Any, reconciler or _Reconciler()),
                 kopf.OperatorRegistry(),
                 config,
                 [],
-                elector,
+                cast(Any, elector),
             ),
             timeout=5,
         )
