@@ -157,7 +157,7 @@ bench-engine-cluster: venv tools system-deps engine-venv ## P1 with CPU engines,
 bench-report: venv ## bench/results/report.md, its plots and the table in docs/benchmarks.md
 	$(PY) hack/bench-report.py
 
-BENCH_PARTS := bench-plan bench-rollout bench-engine-cluster bench-engine bench-scale
+BENCH_PARTS := bench-plan bench-rollout bench-engine-cluster bench-engine bench-autotune bench-scale
 
 .PHONY: bench
 bench: venv tools system-deps engine-venv ## Every benchmark (not in CI), then the report, even when a part fails; results in bench/results/

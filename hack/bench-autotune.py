@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -43,6 +41,7 @@ import matplotlib.pyplot as plt
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "e2e"), str(REPO / "operator")]
 
+from bench_common import machine  # noqa: E402
 from engine_harness import (  # noqa: E402
     EngineServer,
     build_tiny_models,
@@ -215,6 +214,58 @@ def plot(report: dict[str, Any], out: Path) -> None:
     figure.savefig(out, dpi=110)
 
 
+def summarise(
+    raw: dict[str, dict[int, dict[str, Any]]], opts: Any, meta: dict[str, Any]
+) -> dict[str, Any]:
+    """The report from raw sweep figures: pure, so --from-json recomputes it without engines."""
+    workloads: dict[str, Any] = {}
+    for name, sweep in raw.items():
+        if DEFAULT_K not in sweep:
+            raise SystemExit(f"{name}: the sweep has no k={DEFAULT_K} (the default) to start from")
+        best = max(sweep.values(), key=lambda r: float(r["output_tokens_per_s"]))
+        choice = operator_choice(sweep, opts)
+        chosen_tps = sweep[choice["chosen"]]["output_tokens_per_s"]
+        workloads[name] = {
+            "draft": WORKLOADS[name],
+            "sweep": [sweep[k] for k in sorted(sweep)],
+            "oracle_best_k": best["k"],
+            "oracle_best_tokens_per_s": best["output_tokens_per_s"],
+            "default_k_tokens_per_s": sweep[DEFAULT_K]["output_tokens_per_s"],
+            "operator": choice,
+            "operator_tokens_per_s": chosen_tps,
+            "operator_vs_oracle": round(chosen_tps / best["output_tokens_per_s"], 3),
+            "operator_vs_default_k": round(chosen_tps / sweep[DEFAULT_K]["output_tokens_per_s"], 3),
+        }
+    return {
+        "what": "tiny Llama target on the vLLM CPU engine, greedy; one engine per k; the "
+        "operator's choice is plan.autotune's, starting from k=5 and following its own "
+        "recommendations through the sweep's measurements",
+        "concurrency": meta["concurrency"],
+        "requests_per_k": meta["requests_per_k"],
+        "max_tokens": meta["max_tokens"],
+        "min_gain": opts.min_gain,
+        "machine": meta["machine"],
+        "date": meta["date"],
+        "recomputed": meta.get("recomputed"),
+        "workloads": workloads,
+    }
+
+
+def load_raw(path: Path) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, Any]]:
+    """The raw sweep of an earlier run: an autotune.json or its .raw.json written as it ran."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"--from-json {path}: {err}") from err
+    if "workloads" not in data:
+        raise SystemExit(f"--from-json {path}: no 'workloads' (not a bench-autotune result)")
+    raw: dict[str, dict[int, dict[str, Any]]] = {}
+    for name, w in data["workloads"].items():
+        runs = w["sweep"] if isinstance(w, dict) and "sweep" in w else w
+        raw[name] = {int(r["k"]): r for r in runs}
+    return raw, data
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "autotune.json"))
@@ -225,49 +276,56 @@ def main() -> int:
     parser.add_argument("--min-gain", type=float, default=0.05)
     parser.add_argument("--min-draft-tokens", type=int, default=200)
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="a subset, to try it")
+    parser.add_argument(
+        "--from-json",
+        "--recompute",
+        dest="from_json",
+        metavar="PATH",
+        help="recompute the operator's choice from the raw sweep saved by an earlier run "
+        "(autotune.json or autotune.raw.json); starts no engine",
+    )
     opts = parser.parse_args()
-    ks = [int(k) for k in opts.ks.split(",")]
-    if DEFAULT_K not in ks:
-        parser.error(f"the sweep must include the default k={DEFAULT_K}")
-
-    python = engine_python_path()
-    models = build_tiny_models(python)
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-autotune-"))
-    workloads: dict[str, Any] = {}
-    for name in opts.workloads.split(","):
-        draft = WORKLOADS[name]
-        sweep = {}
-        for k in ks:
-            sweep[k] = run_k(python, models, draft, k, log_dir=log_dir, opts=opts)
-            print(f"{name} k={k}: {json.dumps(sweep[k])}", file=sys.stderr)
-        best = max(sweep.values(), key=lambda r: float(r["output_tokens_per_s"]))
-        choice = operator_choice(sweep, opts)
-        chosen_tps = sweep[choice["chosen"]]["output_tokens_per_s"]
-        workloads[name] = {
-            "draft": draft,
-            "sweep": list(sweep.values()),
-            "oracle_best_k": best["k"],
-            "oracle_best_tokens_per_s": best["output_tokens_per_s"],
-            "default_k_tokens_per_s": sweep[DEFAULT_K]["output_tokens_per_s"],
-            "operator": choice,
-            "operator_tokens_per_s": chosen_tps,
-            "operator_vs_oracle": round(chosen_tps / best["output_tokens_per_s"], 3),
-            "operator_vs_default_k": round(chosen_tps / sweep[DEFAULT_K]["output_tokens_per_s"], 3),
-        }
-    report = {
-        "what": "tiny Llama target on the vLLM CPU engine, greedy; one engine per k; the "
-        "operator's choice is plan.autotune's, starting from k=5 and following its own "
-        "recommendations through the sweep's measurements",
-        "concurrency": opts.concurrency,
-        "requests_per_k": opts.requests,
-        "max_tokens": opts.max_tokens,
-        "min_gain": opts.min_gain,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "workloads": workloads,
-    }
     out = Path(opts.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+
+    if opts.from_json:
+        raw, old = load_raw(Path(opts.from_json))
+        meta: dict[str, Any] = {
+            key: old.get(key) for key in ("concurrency", "requests_per_k", "max_tokens")
+        }
+        measured_on = dict(old.get("machine") or {})
+        meta["date"] = old.get("date") or measured_on.get("date")
+        measured_on.setdefault("date", meta["date"])
+        meta["machine"] = {**machine(), **measured_on}  # where the sweep ran, not the recompute
+        meta["recomputed"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        opts.concurrency = int(meta["concurrency"] or opts.concurrency)
+    else:
+        ks = [int(k) for k in opts.ks.split(",")]
+        if DEFAULT_K not in ks:
+            parser.error(f"the sweep must include the default k={DEFAULT_K}")
+        meta = {
+            "concurrency": opts.concurrency,
+            "requests_per_k": opts.requests,
+            "max_tokens": opts.max_tokens,
+            "machine": machine(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        python = engine_python_path()
+        models = build_tiny_models(python)
+        log_dir = Path(tempfile.mkdtemp(prefix="bench-autotune-"))
+        raw_path = out.with_suffix(".raw.json")
+        raw = {}
+        for name in opts.workloads.split(","):
+            raw[name] = {}
+            for k in ks:
+                raw[name][k] = run_k(python, models, WORKLOADS[name], k, log_dir=log_dir, opts=opts)
+                print(f"{name} k={k}: {json.dumps(raw[name][k])}", file=sys.stderr)
+                # Every measurement as soon as it is taken: a failure later loses nothing.
+                saved = {n: list(s.values()) for n, s in raw.items()}
+                raw_path.write_text(json.dumps(meta | {"workloads": saved}, indent=2) + "\n")
+
+    report = summarise(raw, opts, meta)
+    workloads = report["workloads"]
     out.write_text(json.dumps(report, indent=2) + "\n")
     plot(report, out.with_suffix(".png"))
     summary = {

@@ -187,6 +187,82 @@ def plot_passthrough(p4: dict[str, Any] | None) -> str | None:
 # --- the report ------------------------------------------------------------------------------
 
 
+def autotune_rows(tune: dict[str, Any] | None) -> list[tuple[str, str, str, str, str]]:
+    """P4 autotune: per workload, the operator's k against the sweep's best and k=5; then
+    whether the workloads got different choices."""
+    if not tune:
+        return [("P4 autotune", "—", "—", "—", "not measured")]
+    rows: list[tuple[str, str, str, str, str]] = []
+    for name, w in tune["workloads"].items():
+        chosen = w["operator"]["chosen"]
+        context = (
+            f"k={chosen} {w['operator_tokens_per_s']} tokens/s; oracle k={w['oracle_best_k']} "
+            f"{w['oracle_best_tokens_per_s']}; k=5 {w['default_k_tokens_per_s']}"
+        )
+        rows.append(
+            (
+                f"P4 autotune {name}, vs oracle",
+                f"ratio {w['operator_vs_oracle']}",
+                context,
+                "≥ 0.95",
+                verdict(w["operator_vs_oracle"], 0.95, higher_is_better=True),
+            )
+        )
+        rows.append(
+            (
+                f"P4 autotune {name}, vs k=5",
+                f"ratio {w['operator_vs_default_k']}",
+                context,
+                "≥ 1.0",
+                verdict(w["operator_vs_default_k"], 1.0, higher_is_better=True),
+            )
+        )
+    chosen = {name: w["operator"]["chosen"] for name, w in tune["workloads"].items()}
+    if len(chosen) > 1:
+        differ = len(set(chosen.values())) == len(chosen)
+        rows.append(
+            (
+                "P4 autotune, the workloads' choices differ",
+                ", ".join(f"{n} k={k}" for n, k in chosen.items()),
+                "one choice per workload",
+                "different",
+                "met" if differ else "**missed**",
+            )
+        )
+    return rows
+
+
+def autotune_section(tune: dict[str, Any] | None) -> str:
+    if not tune:
+        return "_bench-autotune not run_"
+    parts = [tune.get("what", "")]
+    for name, w in tune["workloads"].items():
+        rows = [
+            (
+                r["k"],
+                r["output_tokens_per_s"],
+                r.get("step_seconds") and round(r["step_seconds"] * 1000, 2),
+                ", ".join(f"{a / r['drafts']:.2f}" for a in r["accepted_per_position"])
+                if r.get("drafts")
+                else "—",
+                "operator" if r["k"] == w["operator"]["chosen"] else "",
+            )
+            for r in w["sweep"]
+        ]
+        path = " → ".join(str(step["served"]) for step in w["operator"]["path"])
+        parts.append(
+            f"**{name}** (draft `{w['draft']}`): the operator went k {path} "
+            f"→ {w['operator']['chosen']}.\n\n"
+            + table(["k", "output tokens/s", "step (ms)", "acceptance by position", ""], rows)
+        )
+    if tune.get("recomputed"):
+        parts.append(
+            f"The operator's choice was recomputed on {tune['recomputed']} from the sweep "
+            f"measured on {tune.get('date')} (`hack/bench-autotune.py --from-json`)."
+        )
+    return "\n\n".join(parts)
+
+
 def summary_rows(
     kwok: dict[str, Any] | None,
     engine: dict[str, Any] | None,
@@ -377,6 +453,11 @@ LIMITS = {
         "the guard fires `for` after a reconcile first sees acceptance below its floor in "
         "Prometheus (a scrape after the traffic), at the moment that falls due (plan.wakeup)"
     ),
+    "P4 autotune": (
+        "the operator's model predicts from one window at the served k and the step times of "
+        "the lengths it served; on a shared CPU the sweep's own tokens/s carry a few per cent of "
+        "noise between runs, which decides near-ties between neighbouring k"
+    ),
     "P4 engine pass-through": (
         "the operator adds nothing in the data path (the launcher execs vLLM with the same "
         "command line and environment; differences between the two processes are listed in "
@@ -496,15 +577,18 @@ def main() -> int:
     kwok, engine = load("p1-kwok"), load("p1-engine")
     scale, p3, p4 = load("scale"), load("p3-reaction"), load("passthrough")
     plan, engine_cpu = load("plan"), load("engine-cpu")
+    tune = load("autotune")
     plots = [
         p
         for p in (plot_p1(kwok, engine), plot_scale(scale), plot_p3(p3), plot_passthrough(p4))
         if p
     ]
-    rows = summary_rows(kwok, engine, scale, p3, p4)
+    if tune and (RESULTS / "autotune.png").exists():
+        plots.append("autotune.png")  # written by bench-autotune, the chosen k marked
+    rows = summary_rows(kwok, engine, scale, p3, p4) + autotune_rows(tune)
     summary = table(["figure", "measured", "baseline / context", "target", "verdict"], list(rows))
     missed = missed_section(rows)
-    context = context_line(kwok, engine, scale, p3, p4)
+    context = context_line(kwok, engine, scale, p3, p4, tune)
     report = [
         "# specdeploy benchmarks (`make bench`)",
         "",
@@ -546,6 +630,10 @@ def main() -> int:
         passthrough_rounds(p4),
         "",
         f"Command: `{' '.join((p4 or {}).get('command', []))}`" if p4 else "",
+        "",
+        "## P4: the autotuner's k against a sweep (`bench-autotune`)",
+        "",
+        autotune_section(tune),
         "",
         "## Planning cost (`bench-plan`) and the engine itself (`bench-engine`)",
         "",
