@@ -119,3 +119,60 @@ def test_intervals_are_numbered_from_the_canary_start() -> None:
     assert interval_number(100, 400, 60) == 4
     with pytest.raises(ValueError, match="positive"):
         interval_number(0, 1, 0)
+
+
+# A tuned canary (only its autotuned k differs from the stable) is judged by tokens per second.
+# Stable k=3: a = 0.9, 0.8, 0.7 -> acceptance 2.4/3 = 0.80, mean length 1 + 2.4 = 3.4 tokens
+# per step, 20 ms a step -> 170 tokens/s per sequence.
+STABLE_K3 = Measurement(
+    acceptance_rate=0.80,
+    mean_acceptance_length=3.4,
+    draft_tokens=6000,
+    inter_token_latency_p50=0.020,
+)
+
+
+def _k6(step_seconds: float, acceptance: float = 0.65) -> Measurement:
+    # k=6: a = 0.9 .. 0.4 -> acceptance 3.9/6 = 0.65, mean length 4.9 tokens per step.
+    return Measurement(
+        acceptance_rate=acceptance,
+        mean_acceptance_length=4.9,
+        draft_tokens=6000,
+        inter_token_latency_p50=step_seconds,
+    )
+
+
+def test_a_longer_tuned_k_with_a_lower_acceptance_rate_but_more_tokens_per_second_passes() -> None:
+    canary = _k6(0.026)  # 4.9 / 0.026 = 188.5 tokens/s, +10.9 % on 170
+    verdict = judge_interval(canary, STABLE_K3, True, CRITERIA, tuned=True)
+    assert verdict.result == Result.PASS
+    assert "188.5 tokens/s per sequence vs the stable's 170.0 (+10.9%)" in verdict.message
+    # The acceptance criteria alone would have failed it: 0.15 below the stable's 0.80.
+    assert judge_interval(canary, STABLE_K3, True, CRITERIA).result == Result.FAIL
+
+
+def test_a_longer_tuned_k_with_fewer_tokens_per_second_fails() -> None:
+    canary = _k6(0.032)  # 4.9 / 0.032 = 153.1 tokens/s, -9.9 % on 170
+    verdict = judge_interval(canary, STABLE_K3, True, CRITERIA, tuned=True)
+    assert verdict.result == Result.FAIL
+    assert "153.1 tokens/s per sequence vs the stable's 170.0 (-9.9%)" in verdict.message
+
+
+def test_a_tuned_k_within_the_tolerance_passes_and_just_beyond_it_fails() -> None:
+    # 2 % below 170 is 166.6 tokens/s: 4.9 / 166.6 = 29.41 ms a step.
+    assert judge_interval(_k6(0.0294), STABLE_K3, True, CRITERIA, tuned=True).result == Result.PASS
+    assert judge_interval(_k6(0.0295), STABLE_K3, True, CRITERIA, tuned=True).result == Result.FAIL
+
+
+def test_a_tuned_k_keeps_the_acceptance_floor() -> None:
+    canary = _k6(0.020, acceptance=0.55)  # 245 tokens/s, but below minAcceptanceRate 0.60
+    verdict = judge_interval(canary, STABLE_K3, True, CRITERIA, tuned=True)
+    assert verdict.result == Result.FAIL
+    assert verdict.message.startswith("acceptance 0.55 < 0.60")
+
+
+def test_a_tuned_k_without_the_stable_s_step_time_is_inconclusive() -> None:
+    stable = Measurement(acceptance_rate=0.80, mean_acceptance_length=3.4, draft_tokens=6000)
+    verdict = judge_interval(_k6(0.026), stable, True, CRITERIA, tuned=True)
+    assert verdict.result == Result.INCONCLUSIVE
+    assert "the stable's tokens per second" in verdict.message

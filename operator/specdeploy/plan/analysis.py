@@ -9,6 +9,11 @@ Conventions (docs/operator.md compares them with Argo Rollouts' and Flagger's):
   revision that has a draft, more than `maxDropVsStable` below the stable's; or when both serve
   traffic and the canary's inter-token latency (p50) is more than `maxLatencyIncrease` times the
   stable's: a draft that is accepted but slow to run loses.
+- A tuned canary (its only change from the stable is the length the autotuner chose) is judged
+  by throughput, not acceptance: a longer k lowers the acceptance rate even when it emits more
+  tokens per second. minAcceptanceRate stays its floor; then it fails when its tokens per step
+  over its step time (mean acceptance length / inter-token latency p50) is more than
+  TUNED_THROUGHPUT_TOLERANCE below the stable's, and is Inconclusive without both figures.
 - The canary is rolled back when its failed verdicts reach `failureLimit` (">=", counted over
   the whole canary run, as Flagger counts; Argo Rollouts' `failureLimit` is "more than", so our
   2 is their 1). It is promoted after `promoteAfter` passing verdicts in a row. On Inconclusive,
@@ -31,6 +36,10 @@ from specdeploy.api.config import AnalysisSettings
 from specdeploy.api.models import AnalysisStatus
 
 RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
+
+#: A tuned canary fails when its tokens per second are more than this share below the stable's
+#: (the two are measured over the same window on the same machine; this absorbs their noise).
+TUNED_THROUGHPUT_TOLERANCE = 0.02
 
 
 class Result(StrEnum):
@@ -72,13 +81,51 @@ def _figure(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
+def tokens_per_second(measured: Measurement) -> float | None:
+    """Tokens one sequence gets per second: tokens per step (mean acceptance length, which
+    counts the target's own token) over the step time (vLLM observes the inter-token latency
+    once per step). None without either figure."""
+    length, step = measured.mean_acceptance_length, measured.inter_token_latency_p50
+    if length is None or step is None or step <= 0:
+        return None
+    return length / step
+
+
+def _judge_throughput(
+    canary: Measurement, stable: Measurement | None, tokens: str
+) -> IntervalVerdict:
+    mine = tokens_per_second(canary)
+    theirs = tokens_per_second(stable) if stable is not None else None
+    if mine is None or theirs is None:
+        missing = "the canary's" if mine is None else "the stable's"
+        return IntervalVerdict(
+            Result.INCONCLUSIVE,
+            f"tuned revision: {missing} tokens per second (acceptance length / inter-token "
+            "latency) were not measured",
+        )
+    change = mine / theirs - 1
+    figures = f"{mine:.1f} tokens/s per sequence vs the stable's {theirs:.1f} ({change:+.1%})"
+    if change < -TUNED_THROUGHPUT_TOLERANCE:
+        return IntervalVerdict(
+            Result.FAIL,
+            f"tuned revision: {figures}, more than {TUNED_THROUGHPUT_TOLERANCE:.0%} slower",
+        )
+    return IntervalVerdict(Result.PASS, f"tuned revision: {figures} over {tokens}")
+
+
 def judge_interval(
     canary: Measurement,
     stable: Measurement | None,
     stable_has_draft: bool,
     criteria: AnalysisSettings,
+    *,
+    tuned: bool = False,
 ) -> IntervalVerdict:
-    """The verdict on one window of the canary, beside the stable revision (None: no stable)."""
+    """The verdict on one window of the canary, beside the stable revision (None: no stable).
+
+    `tuned`: the canary differs from the stable only by the autotuned length, so it is judged
+    by tokens per second against the stable's (minAcceptanceRate stays the floor).
+    """
     if canary.error is not None:
         return IntervalVerdict(Result.INCONCLUSIVE, f"metrics unavailable: {canary.error}")
     tokens = f"{canary.draft_tokens:,.0f} draft tokens"
@@ -94,6 +141,8 @@ def judge_interval(
             f"acceptance {rate:.2f} < {criteria.min_acceptance_rate:.2f} over {tokens}",
         )
     usable = stable if stable is not None and stable.error is None else None
+    if tuned:
+        return _judge_throughput(canary, usable, tokens)
     if usable is not None and stable_has_draft and usable.acceptance_rate is not None:
         drop = usable.acceptance_rate - rate
         if drop > criteria.max_drop_vs_stable:
@@ -225,12 +274,13 @@ def judge_canary(
     measurements: Mapping[str, Measurement],
     settings: AnalysisSettings,
     now: datetime,
+    tuned: bool = False,
 ) -> CanaryJudgement:
     """Advances the analysis of `canary` (None: no canary now) by what `now` closes.
 
     The analysis starts when all the canary's pods are ready; each interval after that gets
-    one verdict. A finished analysis (Promote or Rollback) stays as it ended; the analysis of
-    an earlier canary is kept in status until a new one starts.
+    one verdict (`tuned`: see judge_interval). A finished analysis (Promote or Rollback) stays
+    as it ended; the analysis of an earlier canary is kept in status until a new one starts.
     """
     if canary is None:
         return CanaryJudgement(state=previous)
@@ -248,7 +298,11 @@ def judge_canary(
         return CanaryJudgement(state=previous, outcome=_standing(_as_state(previous), settings))
     measured = measurements.get(canary) or Measurement(error="the canary was not measured")
     verdict = judge_interval(
-        measured, measurements.get(stable) if stable else None, stable_has_draft, settings
+        measured,
+        measurements.get(stable) if stable else None,
+        stable_has_draft,
+        settings,
+        tuned=tuned,
     )
     state, outcome = advance(_as_state(previous), number, verdict, settings)
     return CanaryJudgement(

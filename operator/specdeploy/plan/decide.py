@@ -19,6 +19,7 @@ from specdeploy.api import labels
 from specdeploy.api.conditions import Reason, RevisionPhase
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import (
+    AutotuneStatus,
     ModelShape,
     SizingDecision,
     SpeculationStatus,
@@ -191,6 +192,25 @@ def _canary_ready(
     )
 
 
+def _tuned_only(
+    canary: str | None,
+    tuning: AutotuneStatus | None,
+    stable: RevisionDeployment | None,
+    candidate: RevisionDeployment | None,
+) -> bool:
+    """Whether the canary is the autotuner's trial and serves the stable's pair (models and
+    version): its only change is then the tuned length, which the canary judges by throughput."""
+    if canary is None or tuning is None or tuning.trial_revision != canary:
+        return False
+    if stable is None or candidate is None or not stable.pair or not candidate.pair:
+        return False
+
+    def served(pair: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in pair.items() if k != "revision"}
+
+    return served(stable.pair) == served(candidate.pair)
+
+
 def _rolled_back(status: SpeculativeDeploymentStatus | None) -> frozenset[str]:
     """Revisions an analysis rolled back: never tried again until the spec names another pair."""
     if status is None:
@@ -349,6 +369,7 @@ def decide(
         else None
     )
     stable_record = next((r for r in revisions if r.revision == stable), None)
+    canary_record = next((r for r in revisions if r.revision == canary), None)
     judgement = judge_canary(
         status.analysis if status else None,
         canary=canary,
@@ -361,6 +382,7 @@ def decide(
         measurements=snapshot.measurements,
         settings=settings,
         now=now,
+        tuned=_tuned_only(canary, tuning.state, stable_record, canary_record),
     )
     if judgement.outcome == Outcome.ROLLBACK and canary is not None:
         refused = refused | {canary}
