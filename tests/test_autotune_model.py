@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from datetime import UTC, datetime, timedelta
 
@@ -16,19 +17,24 @@ from specdeploy.api.models import (
 )
 from specdeploy.plan.autotune import (
     AutotuneMeasurement,
+    BatchCost,
     Prediction,
     Tuning,
     acceptance_by_position,
+    batch_ranges,
+    choose_schedule,
     choose_tokens,
     decide_tuning,
     expected_tokens_per_step,
     extend_acceptance,
+    fit_batch_cost,
     fit_cost_ratio,
     measurement_due,
     tokens_per_second,
     tuned_spec,
 )
 from specdeploy.plan.revision import revision_hash
+from specdeploy.plan.vllm_args import schedule_ranges
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -379,3 +385,97 @@ def test_the_autotune_block_is_not_part_of_the_revision_but_the_tuned_k_is() -> 
     assert revision_hash(tuned_spec(spec("Apply", minGain=0.3), None), None, config) == base
     assert revision_hash(tuned_spec(spec("Apply"), 3), None, config) == base
     assert revision_hash(tuned_spec(spec("Apply"), 5), None, config) != base
+
+
+# --- the batch-size schedule -------------------------------------------------------------------
+
+# T(b, k) = F (1 + r k) + B b (k + 1) with F = 10 ms, r = 0.1, B = 0.5 ms per verified token.
+BATCH_COST = BatchCost(fixed=0.010, per_token=0.0005, ratio=0.1)
+
+
+def test_the_batch_step_cost_grows_with_the_tokens_verified() -> None:
+    # b=1, k=3: 10 ms * 1.3 + 0.5 ms * 1 * 4 = 15 ms; b=8: 13 ms + 0.5 ms * 32 = 29 ms.
+    assert BATCH_COST.step_seconds(1, 3) == pytest.approx(0.015)
+    assert BATCH_COST.step_seconds(8, 3) == pytest.approx(0.029)
+    # With B = 0 it is the single-k model: t0 (1 + r k).
+    assert BatchCost(0.010, 0.0, 0.1).step_seconds(16, 3) == pytest.approx(0.013)
+
+
+def test_the_batch_cost_is_fitted_from_two_or_more_batch_sizes() -> None:
+    costs = [
+        AutotuneStepCost(num_speculative_tokens=3, step_seconds=0.015, batch_size=1),
+        AutotuneStepCost(num_speculative_tokens=3, step_seconds=0.029, batch_size=8),
+        # b=4, k=5: 10 ms * 1.5 + 0.5 ms * 4 * 6 = 27 ms.
+        AutotuneStepCost(num_speculative_tokens=5, step_seconds=0.027, batch_size=4),
+    ]
+    fitted = fit_batch_cost(costs, 0.1)
+    assert fitted is not None
+    assert (fitted.fixed, fitted.per_token) == pytest.approx((0.010, 0.0005))
+    assert fit_batch_cost(costs[:1], 0.1) is None, "one batch size cannot tell F from B"
+    same_range = [costs[0].model_copy(update={"batch_size": 1.0}), costs[0]]
+    assert fit_batch_cost(same_range, 0.1) is None
+    # A larger batch measured faster (noise) is no negative cost: B = 0, F from the mean.
+    noisy = [costs[0], costs[1].model_copy(update={"step_seconds": 0.013})]
+    flat = fit_batch_cost(noisy, 0.1)
+    assert flat is not None
+    assert flat.per_token == 0.0
+    assert flat.fixed == pytest.approx(0.014 / 1.3)
+
+
+def test_the_schedule_shortens_k_as_the_batch_grows() -> None:
+    # a = 0.9, 0.8, 0.7 measured; beyond them 0.55125 (k=4) and 0.390699 (k=5) (extrapolated):
+    # E(k) = 1.9, 2.7, 3.4, 3.95125, 4.34195 for k = 1..5.
+    # b=1: T = 10.5 + 1.5k ms: k=4 3.95125/16.5 = 239.5, k=5 4.34195/18 = 241.2 tok/s: k=5.
+    # b=2: T = 11 + 2k: k=4 3.95125/19 = 208.0, k=5 4.34195/21 = 206.8: k=4.
+    # b=4: T = 12 + 3k: k=3 3.4/21 = 161.9, k=4 3.95125/24 = 164.6, k=5 160.8: k=4.
+    # b=8: T = 14 + 5k: k=3 3.4/29 = 117.2, k=4 3.95125/34 = 116.2: k=3.
+    # b=16: T = 18 + 9k: k=2 2.7/36 = 75.0, k=3 3.4/45 = 75.6, k=4 73.2: k=3.
+    steps = choose_schedule(GOOD_RATES, BATCH_COST, min_tokens=1, max_tokens=5, max_num_seqs=16)
+    assert [(lo, hi, k) for lo, hi, k, _ in steps] == [(1, 1, 5), (2, 4, 4), (5, 16, 3)]
+    assert [tps for *_, tps in steps] == pytest.approx([241.219, 164.635, 75.556], abs=1e-3)
+    # Without a batch cost (B = 0) the batch changes nothing: one range, the single-k choice.
+    flat = choose_schedule(
+        GOOD_RATES, BatchCost(0.010, 0.0, 0.1), min_tokens=1, max_tokens=5, max_num_seqs=16
+    )
+    assert [(lo, hi, k) for lo, hi, k, _ in flat] == [(1, 16, 5)]
+    assert batch_ranges(12) == [(1, 1), (2, 2), (3, 4), (5, 8), (9, 12)]
+
+
+def scheduled_spec() -> SpeculativeDeploymentSpec:
+    base = spec("Recommend", schedule="Auto").model_dump(by_alias=True, exclude_none=True)
+    return SpeculativeDeploymentSpec.model_validate({**base, "engine": {"maxNumSeqs": 16}})
+
+
+def test_recommend_shows_a_schedule_once_two_batch_sizes_were_measured() -> None:
+    at_batch_1 = dataclasses.replace(MEASURED, step_seconds=0.015, mean_batch_size=1.0)
+    first = tune(scheduled_spec(), measured=at_batch_1).state
+    assert first is not None
+    assert first.recommendation is not None
+    assert first.recommendation.schedule is None
+    assert "two or more batch-size ranges" in first.recommendation.schedule_message
+    at_batch_8 = dataclasses.replace(MEASURED, step_seconds=0.029, mean_batch_size=8.0)
+    second = tune(scheduled_spec(), first, measured=at_batch_8).state
+    assert second is not None
+    assert second.inputs is not None
+    assert [(c.batch_size, c.step_seconds) for c in second.inputs.step_costs] == [
+        (1.0, 0.015),
+        (8.0, 0.029),
+    ]
+    rec = second.recommendation
+    assert rec is not None
+    assert rec.schedule is not None
+    assert [(s.max_batch_size, s.tokens) for s in rec.schedule] == [(1, 5), (4, 4), (16, 3)]
+    assert "b 1-1: k=5 241.2 tok/s" in rec.schedule_message
+    # vLLM's num_speculative_tokens_per_batch_size for it (first range starts at 1).
+    assert schedule_ranges(rec.schedule, 16) == [[1, 1, 5], [2, 4, 4], [5, 16, 3]]
+
+
+def test_schedule_off_or_without_max_num_seqs_gives_no_schedule() -> None:
+    state = tune(spec("Recommend")).state
+    assert state is not None
+    assert state.recommendation is not None
+    assert (state.recommendation.schedule, state.recommendation.schedule_message) == (None, "")
+    no_limit = tune(spec("Recommend", schedule="Auto")).state
+    assert no_limit is not None
+    assert no_limit.recommendation is not None
+    assert "maxNumSeqs" in no_limit.recommendation.schedule_message

@@ -182,6 +182,15 @@ CEL_RULES: tuple[CelRule, ...] = (
         message="autotune mode Apply needs a canary (rollout.canary or rollout.analysis)",
         field_path=".pair.draft.autotune.mode",
     ),
+    # A schedule's last range ends at maxNumSeqs (see the schedule rule above).
+    CelRule(
+        path="spec",
+        rule="!has(self.pair.draft.autotune) || !has(self.pair.draft.autotune.schedule)"
+        " || self.pair.draft.autotune.schedule != 'Auto'"
+        " || (has(self.engine) && has(self.engine.maxNumSeqs))",
+        message="autotune schedule Auto needs engine.maxNumSeqs",
+        field_path=".pair.draft.autotune.schedule",
+    ),
     # Defaults are stored before the rules run, so both bounds are always there.
     CelRule(
         path="spec.pair.draft.autotune",

@@ -111,6 +111,7 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 SpeculationState = Literal["Enabled", "Disabled"]
 VerdictResult = Literal["Pass", "Fail", "Inconclusive"]
 AutotuneMode = Literal["Off", "Recommend", "Apply"]
+AutotuneSchedule = Literal["Off", "Auto"]
 
 
 class ApiModel(BaseModel):
@@ -229,6 +230,16 @@ class AutotuneSpec(ApiModel):
     )
     max_tokens: int = Field(
         default=8, ge=1, le=32, description="Largest numSpeculativeTokens recommended."
+    )
+    schedule: AutotuneSchedule = Field(
+        default="Off",
+        description=(
+            "Off: one length at every batch size. Auto: status.autotune also recommends a "
+            "length per running batch-size range (vLLM's num_speculative_tokens_per_batch_size) "
+            "once step times were measured at two or more batch sizes. Mode Apply rolls out "
+            "the single length only; the schedule is a recommendation. Needs "
+            "spec.engine.maxNumSeqs."
+        ),
     )
     draft_cost_ratio: float | None = Field(
         default=None,
@@ -902,6 +913,18 @@ class AutotuneRecommendation(ApiModel):
         default=False, description="The recommendation differs from the k served now."
     )
     message: str = Field(default="", description="Why this k.")
+    schedule: list[ScheduleStep] | None = Field(
+        default=None,
+        max_length=16,
+        description=(
+            "Recommended length per running batch size (autotune.schedule Auto), when the "
+            "batch size changes the best k; as spec.pair.draft.schedule it needs "
+            "numSpeculativeTokens at least its largest tokens."
+        ),
+    )
+    schedule_message: str = Field(
+        default="", description="The schedule's predicted figures, or why there is none."
+    )
 
 
 class AutotuneStepCost(ApiModel):
@@ -928,7 +951,9 @@ class AutotuneInputs(ApiModel):
     mean_batch_size: float | None = Field(default=None, description="Mean running batch size.")
     max_batch_size: float | None = Field(default=None, description="Largest running batch.")
     step_costs: list[AutotuneStepCost] = Field(
-        default_factory=list, max_length=33, description="Step times measured per k."
+        default_factory=list,
+        max_length=33,
+        description="Step times measured per k and batch-size range.",
     )
     draft_cost_ratio: float = Field(description="Cost ratio of one speculative token used.")
     draft_cost_source: str = Field(

@@ -15,6 +15,17 @@ The model, for one sequence of the serving revision:
 - Tokens per second at k are E(k) / (t0 * (1 + r*k)). The length between minTokens and
   maxTokens that maximises it is recommended when it beats the served length by minGain.
 
+The batch dimension (a schedule, spec.pair.draft.autotune.schedule Auto): a step at running
+batch b with k speculative tokens costs T(b, k) = F * (1 + r*k) + B * b * (k + 1). F is the part
+no larger batch adds to (reading the weights, launching the step: the target once, the draft k
+times at relative cost r); B the cost of one token the target verifies, b*(k+1) of them a step.
+With B = 0 this is the single-k model above. F and B are fitted (least squares, r fixed) from
+the step times recorded at two or more batch sizes; per batch-size range (powers of two up to
+engine.maxNumSeqs) the k with the most tokens per second at the range's largest batch is
+chosen, since a larger batch only makes each extra token dearer. Under a schedule the pods'
+per-position counters are sized to its largest k while smaller batches draft fewer: the later
+positions then count drafts that could not reach them, which underestimates them (the safe side).
+
 Positions beyond the served k have no data. Conservatively, the conditional acceptance of each
 further position (the chance it is accepted once all before it were) is the last measured
 one's, never more, times EXTRAPOLATION_DECAY per extra position: the draft's guesses grow
@@ -38,6 +49,7 @@ from specdeploy.api.models import (
     AutotuneSpec,
     AutotuneStatus,
     AutotuneStepCost,
+    ScheduleStep,
     SpeculativeDeployment,
     SpeculativeDeploymentSpec,
 )
@@ -197,6 +209,105 @@ def choose_tokens(
     return Prediction(current_tokens, best, by_tokens, gain, True, figures)
 
 
+@dataclass(frozen=True)
+class BatchCost:
+    """T(b, k) = fixed * (1 + ratio*k) + per_token * b * (k + 1), in seconds."""
+
+    fixed: float
+    per_token: float
+    ratio: float
+
+    def step_seconds(self, batch: float, k: int) -> float:
+        return self.fixed * relative_step_cost(k, self.ratio) + self.per_token * batch * (k + 1)
+
+
+def _batch_bucket(batch: float | None) -> int:
+    """The power-of-two range a batch size falls in (1, 2, 3-4, 5-8, ...): its upper end."""
+    if batch is None or batch <= 1:
+        return 1
+    bound = 1
+    while bound < batch - 1e-9:
+        bound *= 2
+    return bound
+
+
+def fit_batch_cost(costs: Sequence[AutotuneStepCost], ratio: float) -> BatchCost | None:
+    """F and B of T(b, k) by least squares over the recorded step times, r given.
+
+    None when the step times come from fewer than two batch-size ranges (the batch's share
+    cannot be told from the draft's then) or when the fit is no cost (F not positive). A
+    negative B (noise) is taken as 0: batch size then changes nothing.
+    """
+    points = [
+        (
+            relative_step_cost(c.num_speculative_tokens, ratio),
+            c.batch_size * (c.num_speculative_tokens + 1),
+            c.step_seconds,
+        )
+        for c in costs
+        if c.batch_size is not None and c.batch_size > 0 and c.step_seconds > 0
+    ]
+    if len({_batch_bucket(c.batch_size) for c in costs if c.batch_size}) < 2:
+        return None
+    # Normal equations of t = F*x + B*y (no intercept).
+    sxx = sum(x * x for x, _, _ in points)
+    syy = sum(y * y for _, y, _ in points)
+    sxy = sum(x * y for x, y, _ in points)
+    sxt = sum(x * t for x, _, t in points)
+    syt = sum(y * t for _, y, t in points)
+    det = sxx * syy - sxy * sxy
+    if det <= 1e-12 * sxx * syy:
+        return None
+    fixed = (sxt * syy - syt * sxy) / det
+    per_token = (sxx * syt - sxy * sxt) / det
+    if per_token < 0:
+        fixed, per_token = sxt / sxx, 0.0
+    if fixed <= 0:
+        return None
+    return BatchCost(fixed=fixed, per_token=per_token, ratio=ratio)
+
+
+def batch_ranges(max_num_seqs: int) -> list[tuple[int, int]]:
+    """(lo, hi) inclusive: 1, 2, 3-4, 5-8, ... up to max_num_seqs."""
+    if max_num_seqs < 1:
+        raise ValueError("maxNumSeqs must be at least 1")
+    ranges, low, high = [], 1, 1
+    while low <= max_num_seqs:
+        ranges.append((low, min(high, max_num_seqs)))
+        low, high = high + 1, high * 2
+    return ranges
+
+
+def choose_schedule(
+    rates: Sequence[float],
+    cost: BatchCost,
+    *,
+    min_tokens: int,
+    max_tokens: int,
+    max_num_seqs: int,
+) -> list[tuple[int, int, int, float]]:
+    """(lo, hi, k, predicted tokens/s of one sequence at batch hi) per batch-size range, with
+    adjacent ranges of the same k merged; vLLM's num_speculative_tokens_per_batch_size is the
+    first three of each. Ties go to the shorter k."""
+    if min_tokens > max_tokens:
+        raise ValueError(f"minTokens {min_tokens} exceeds maxTokens {max_tokens}")
+    steps: list[tuple[int, int, int, float]] = []
+    for low, high in batch_ranges(max_num_seqs):
+        figures = {
+            k: expected_tokens_per_step(rates, k) / cost.step_seconds(high, k)
+            for k in range(min_tokens, max_tokens + 1)
+        }
+        best = min_tokens
+        for k, value in figures.items():
+            if value > figures[best] * (1 + TIE):
+                best = k
+        if steps and steps[-1][2] == best:
+            steps[-1] = (steps[-1][0], high, best, figures[best])
+        else:
+            steps.append((low, high, best, figures[best]))
+    return steps
+
+
 # --- the measurements --------------------------------------------------------------------------
 
 
@@ -250,7 +361,13 @@ def measurement_due(
 def _step_costs(
     previous: Sequence[AutotuneStepCost], tokens: int, measured: AutotuneMeasurement
 ) -> list[AutotuneStepCost]:
-    kept = [c for c in previous if c.num_speculative_tokens != tokens]
+    # One step time per k and batch-size range (the latest): the schedule's fit needs several.
+    bucket = _batch_bucket(measured.mean_batch_size)
+    kept = [
+        c
+        for c in previous
+        if c.num_speculative_tokens != tokens or _batch_bucket(c.batch_size) != bucket
+    ]
     if measured.step_seconds is not None and measured.step_seconds > 0:
         kept.append(
             AutotuneStepCost(
@@ -259,7 +376,9 @@ def _step_costs(
                 batch_size=_rounded(measured.mean_batch_size),
             )
         )
-    return sorted(kept, key=lambda c: c.num_speculative_tokens)[:MAX_STEP_COSTS]
+    return sorted(kept, key=lambda c: (c.num_speculative_tokens, c.batch_size or 0))[
+        :MAX_STEP_COSTS
+    ]
 
 
 def _cost_ratio(
@@ -284,6 +403,7 @@ def recommend(
     min_draft_tokens: int,
     default_cost_ratio: float,
     now: datetime,
+    max_num_seqs: int | None = None,
 ) -> AutotuneStatus:
     """The status with a new recommendation from `measured` (the serving revision, at k =
     `served_tokens`), or with the reason there is none; the rest of `previous` is kept."""
@@ -331,6 +451,9 @@ def recommend(
         max_tokens=tune.max_tokens,
         min_gain=tune.min_gain,
     )
+    schedule, schedule_message = _recommend_schedule(
+        tune, rates, costs, ratio, max_num_seqs=max_num_seqs, single=prediction.best_tokens
+    )
     return state.model_copy(
         update={
             "computed_at": stamp,
@@ -344,9 +467,51 @@ def recommend(
                 predicted_tokens_per_second=round(prediction.by_tokens[prediction.best_tokens], 2),
                 changed=prediction.changed,
                 message=prediction.message,
+                schedule=schedule,
+                schedule_message=schedule_message,
             ),
         }
     )
+
+
+def _recommend_schedule(
+    tune: AutotuneSpec,
+    rates: Sequence[float],
+    costs: Sequence[AutotuneStepCost],
+    ratio: float,
+    *,
+    max_num_seqs: int | None,
+    single: int,
+) -> tuple[list[ScheduleStep] | None, str]:
+    """The batch-size schedule (schedule Auto), or None and why not. A schedule whose ranges
+    all get the same k is none: numSpeculativeTokens says as much."""
+    if tune.schedule != "Auto":
+        return None, ""
+    if max_num_seqs is None:
+        return None, "no schedule: it needs spec.engine.maxNumSeqs"
+    cost = fit_batch_cost(costs, ratio)
+    if cost is None:
+        return None, (
+            "no schedule yet: it needs step times measured at two or more batch-size ranges "
+            "(1, 2, 3-4, 5-8, ...)"
+        )
+    steps = choose_schedule(
+        rates,
+        cost,
+        min_tokens=tune.min_tokens,
+        max_tokens=tune.max_tokens,
+        max_num_seqs=max_num_seqs,
+    )
+    fit = (
+        f"step = {cost.fixed * 1000:.2f} ms x (1 + {ratio:.3g}k) "
+        f"+ {cost.per_token * 1000:.3f} ms x b(k+1)"
+    )
+    if len(steps) == 1:
+        return None, f"no schedule: k={steps[0][2]} is best at every batch size ({fit})"
+    ranges = ", ".join(f"b {lo}-{hi}: k={k} {tps:.1f} tok/s" for lo, hi, k, tps in steps)
+    if single not in {k for _, _, k, _ in steps}:
+        ranges += f" (single k={single})"
+    return [ScheduleStep(max_batch_size=hi, tokens=k) for _, hi, k, _ in steps], f"{ranges}; {fit}"
 
 
 def _rounded(value: float | None) -> float | None:
@@ -473,6 +638,7 @@ def decide_tuning(
             min_draft_tokens=min_draft_tokens,
             default_cost_ratio=default_cost_ratio,
             now=now,
+            max_num_seqs=spec.engine.max_num_seqs,
         )
         rec = state.recommendation
         fresh = state.computed_at == now.strftime(RFC3339) and not state.message
