@@ -271,8 +271,8 @@ def main() -> int:
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "autotune.json"))
     parser.add_argument("--ks", default="1,2,3,4,5,6,7,8")
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=24)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--min-gain", type=float, default=0.05)
     parser.add_argument("--min-draft-tokens", type=int, default=200)
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="a subset, to try it")
@@ -296,6 +296,7 @@ def main() -> int:
         measured_on = dict(old.get("machine") or {})
         meta["date"] = old.get("date") or measured_on.get("date")
         measured_on.setdefault("date", meta["date"])
+        measured_on.setdefault("commit", "unknown")  # not the recompute's
         meta["machine"] = {**machine(), **measured_on}  # where the sweep ran, not the recompute
         meta["recomputed"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         opts.concurrency = int(meta["concurrency"] or opts.concurrency)

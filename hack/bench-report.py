@@ -455,8 +455,10 @@ LIMITS = {
     ),
     "P4 autotune": (
         "the operator's model predicts from one window at the served k and the step times of "
-        "the lengths it served; on a shared CPU the sweep's own tokens/s carry a few per cent of "
-        "noise between runs, which decides near-ties between neighbouring k"
+        "the lengths it served, and keeps its k unless another is predicted minGain faster; "
+        "each k of the sweep is a separate engine run on a shared machine whose load changes "
+        "between runs, so the oracle's tokens/s (and the step times the model reads) carry that "
+        "noise: compare the step times by k in the report"
     ),
     "P4 engine pass-through": (
         "the operator adds nothing in the data path (the launcher execs vLLM with the same "
@@ -501,11 +503,11 @@ def passthrough_rounds(p4: dict[str, Any] | None) -> str:
 
 
 def context_line(*results: dict[str, Any] | None) -> str:
-    machines = [r["machine"] for r in results if r and "machine" in r]
+    machines = [r["machine"] for r in results if r and "date" in r.get("machine", {})]
     if not machines:
         return "no results yet"
     latest = max(machines, key=lambda m: m["date"])
-    commits = sorted({m["commit"] for m in machines})
+    commits = sorted({m.get("commit", "unknown") for m in machines})
     loads = [m["load_average"][0] for m in machines if m.get("load_average")]
     load = (
         f", 1-min load average {min(loads)} to {max(loads)} as results were written"
