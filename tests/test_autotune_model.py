@@ -8,13 +8,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from specdeploy.api.conditions import Reason
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import (
     AnalysisStatus,
     AutotuneStatus,
     AutotuneStepCost,
+    ScheduleStep,
     SpeculativeDeploymentSpec,
 )
+from specdeploy.plan.analysis import Outcome
 from specdeploy.plan.autotune import (
     AutotuneMeasurement,
     BatchCost,
@@ -30,11 +33,12 @@ from specdeploy.plan.autotune import (
     fit_batch_cost,
     fit_cost_ratio,
     measurement_due,
+    schedule_key,
     tokens_per_second,
     tuned_spec,
 )
 from specdeploy.plan.revision import revision_hash
-from specdeploy.plan.vllm_args import schedule_ranges
+from specdeploy.plan.vllm_args import schedule_ranges, speculative_config
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -221,6 +225,7 @@ def tune(
     settled: bool = True,
     analysis: AnalysisStatus | None = None,
     now: datetime = NOW,
+    stable_schedule: list[ScheduleStep] | None = None,
 ) -> Tuning:
     return decide_tuning(
         sd_spec,
@@ -233,8 +238,9 @@ def tune(
         window="5m",
         min_draft_tokens=2000,
         default_cost_ratio=0.1,
-        revision_for=lambda k: f"tuned0000{k}",
+        revision_for=lambda k, s: f"tuned0000{k}" + (f"s{schedule_key(s)}" if s else ""),
         now=now,
+        stable_schedule=stable_schedule,
     )
 
 
@@ -479,3 +485,134 @@ def test_schedule_off_or_without_max_num_seqs_gives_no_schedule() -> None:
     assert no_limit is not None
     assert no_limit.recommendation is not None
     assert "maxNumSeqs" in no_limit.recommendation.schedule_message
+
+
+def applied_scheduled_spec() -> SpeculativeDeploymentSpec:
+    base = spec("Apply", schedule="Auto").model_dump(by_alias=True, exclude_none=True)
+    return SpeculativeDeploymentSpec.model_validate({**base, "engine": {"maxNumSeqs": 16}})
+
+
+def schedule_trial() -> tuple[AutotuneStatus, Tuning]:
+    """Measured at batch 1 then batch 8 (the case above): b 1: k=5, 2-4: k=4, 5-16: k=3."""
+    at_batch_1 = dataclasses.replace(MEASURED, step_seconds=0.015, mean_batch_size=1.0)
+    first = tune(applied_scheduled_spec(), measured=at_batch_1).state
+    assert first is not None
+    # One batch size: no schedule yet, so the single-k rule acts (k=3 -> 5 here).
+    first = first.model_copy(update={"applied_tokens": None, "trial_revision": None})
+    first = first.model_copy(update={"applied_at": None, "previous_tokens": None})
+    at_batch_8 = dataclasses.replace(MEASURED, step_seconds=0.029, mean_batch_size=8.0)
+    return first, tune(applied_scheduled_spec(), first, measured=at_batch_8)
+
+
+def test_apply_rolls_out_the_recommended_schedule() -> None:
+    _, tuning = schedule_trial()
+    state = tuning.state
+    assert state is not None
+    steps = [(s.max_batch_size, s.tokens) for s in state.applied_schedule or []]
+    assert steps == [(1, 5), (4, 4), (16, 3)]
+    assert state.applied_tokens == 5, "numSpeculativeTokens is the schedule's largest k"
+    assert state.trial_revision == "tuned00005sb<=1:5,b<=4:4,b<=16:3"
+    assert tuning.tokens == 5
+    assert tuning.schedule is not None
+    assert [e.reason for e in tuning.events] == [Reason.TUNED_REVISION_ROLLED_OUT]
+    assert "schedule b<=1:5,b<=4:4,b<=16:3" in tuning.events[0].message
+    # The pods of that trial: vLLM gets the schedule and k=5.
+    served = tuned_spec(applied_scheduled_spec(), tuning.tokens, tuning.schedule)
+    assert served.pair.draft.autotune is None
+    assert served.pair.draft.num_speculative_tokens == 5
+    config = speculative_config(served, None)
+    assert config is not None
+    assert config["num_speculative_tokens"] == 5
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, 5], [2, 4, 4], [5, 16, 3]]
+    # The revision changes with the schedule (through the spec).
+    oc = OperatorConfig()
+    plain = revision_hash(tuned_spec(applied_scheduled_spec(), 5), None, oc)
+    assert revision_hash(served, None, oc) != plain
+
+
+def test_a_stable_that_serves_the_schedule_is_not_tuned_to_it_again() -> None:
+    _, tuning = schedule_trial()
+    assert tuning.state is not None
+    promoted_analysis = AnalysisStatus(
+        revision=tuning.state.trial_revision, started_at="x", outcome=Outcome.PROMOTE
+    )
+    later = NOW + timedelta(hours=2)
+    promoted = tune(
+        applied_scheduled_spec(), tuning.state, measured=None, analysis=promoted_analysis, now=later
+    )
+    assert promoted.state is not None
+    assert promoted.state.trial_revision is None
+    assert [e.reason for e in promoted.events] == [Reason.TUNED_REVISION_PROMOTED]
+    assert promoted.tokens == 5
+    assert promoted.schedule == tuning.schedule, "the promoted schedule keeps being served"
+    assert promoted.state.previous_schedule is None
+    # Measured again, the stable serving the schedule: the same schedule is no new trial.
+    at_batch_8 = dataclasses.replace(MEASURED, step_seconds=0.029, mean_batch_size=8.0)
+    served = tuning.state.applied_schedule
+    again = tune(
+        applied_scheduled_spec(),
+        promoted.state.model_copy(update={"applied_schedule": served}),
+        measured=dataclasses.replace(at_batch_8, step_seconds=0.015, mean_batch_size=1.0),
+        now=later + timedelta(hours=2),
+        stable_schedule=served,
+    )
+    assert again.state is not None
+    rec = again.state.recommendation
+    assert rec is not None
+    assert rec.schedule is not None
+    if schedule_key(rec.schedule) == schedule_key(served or []):
+        assert (again.state.trial_revision, again.events) == (None, ())
+    # Whatever the new measurement recommends: with the stable serving exactly that schedule
+    # there is no trial; with it serving no schedule there is one.
+    same = tune(
+        applied_scheduled_spec(),
+        promoted.state,
+        measured=dataclasses.replace(at_batch_8, step_seconds=0.015, mean_batch_size=1.0),
+        now=later + timedelta(hours=2),
+        stable_schedule=rec.schedule,
+    )
+    assert same.state is not None
+    assert (same.state.trial_revision, same.events) == (None, ())
+    other = tune(
+        applied_scheduled_spec(),
+        promoted.state,
+        measured=dataclasses.replace(at_batch_8, step_seconds=0.015, mean_batch_size=1.0),
+        now=later + timedelta(hours=2),
+        stable_schedule=None,
+    )
+    assert other.state is not None
+    assert other.state.trial_revision is not None
+    assert [e.reason for e in other.events] == [Reason.TUNED_REVISION_ROLLED_OUT]
+
+
+def test_a_rejected_schedule_is_not_tried_again() -> None:
+    _, tuning = schedule_trial()
+    assert tuning.state is not None
+    rolled_back = AnalysisStatus(
+        revision=tuning.state.trial_revision,
+        started_at="x",
+        outcome=Outcome.ROLLBACK,
+        message="slower",
+    )
+    later = NOW + timedelta(hours=2)
+    at_batch_8 = dataclasses.replace(MEASURED, step_seconds=0.029, mean_batch_size=8.0)
+    after = tune(
+        applied_scheduled_spec(), tuning.state, measured=None, analysis=rolled_back, now=later
+    )
+    assert after.state is not None
+    assert after.state.rejected_schedules == ["b<=1:5,b<=4:4,b<=16:3"]
+    assert after.state.rejected_tokens == []
+    assert (after.state.applied_schedule, after.tokens, after.schedule) == (None, None, None)
+    assert [e.reason for e in after.events] == [Reason.TUNED_REVISION_REJECTED]
+    assert "is not tried again" in after.events[0].message
+    # The same schedule recommended again, past the cooldown: no new trial.
+    again = tune(
+        applied_scheduled_spec(), after.state, measured=at_batch_8, now=later + timedelta(hours=2)
+    )
+    assert again.state is not None
+    assert again.state.recommendation is not None
+    assert again.state.recommendation.schedule is not None
+    rejected = schedule_key(again.state.recommendation.schedule)
+    assert rejected == "b<=1:5,b<=4:4,b<=16:3", "the same measurement, the same schedule"
+    assert again.state.trial_revision is None
+    assert again.events == ()

@@ -993,6 +993,19 @@ class AutotuneStatus(ApiModel):
         max_length=32,
         description="Tuned lengths the canary rolled back; not tried again for this spec.",
     )
+    applied_schedule: list[ScheduleStep] | None = Field(
+        default=None,
+        max_length=16,
+        description="Batch-size schedule served with applied_tokens as its largest k (Apply).",
+    )
+    previous_schedule: list[ScheduleStep] | None = Field(
+        default=None, max_length=16, description="Schedule served before the trial, if any."
+    )
+    rejected_schedules: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Tuned schedules the canary rolled back (as b<=max:k,...); not tried again.",
+    )
     spec_fingerprint: str | None = Field(
         default=None,
         description="The draft spec the applied and rejected lengths belong to.",

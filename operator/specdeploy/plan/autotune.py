@@ -528,19 +528,37 @@ class Tuning:
 
     state: AutotuneStatus | None
     tokens: int | None = None
+    schedule: tuple[ScheduleStep, ...] | None = None
     events: tuple[RolloutEvent, ...] = field(default_factory=tuple)
 
 
-def tuned_spec(spec: SpeculativeDeploymentSpec, tokens: int | None) -> SpeculativeDeploymentSpec:
+#: The revision a spec with k and a schedule (or None) tuned in would be.
+RevisionFor = Callable[[int, Sequence[ScheduleStep] | None], str | None]
+
+
+def schedule_key(schedule: Sequence[ScheduleStep]) -> str:
+    """A schedule as one string (b<=max:k,...), the form rejected schedules are kept in."""
+    return ",".join(f"b<={s.max_batch_size}:{s.tokens}" for s in schedule)
+
+
+def tuned_spec(
+    spec: SpeculativeDeploymentSpec,
+    tokens: int | None,
+    schedule: Sequence[ScheduleStep] | None = None,
+) -> SpeculativeDeploymentSpec:
     """The spec the pods are built from as far as autotuning goes: the tuned k in place of
-    numSpeculativeTokens, and no autotune block (its settings are not part of the pods, so a
+    numSpeculativeTokens, a tuned schedule as spec.pair.draft.schedule (numSpeculativeTokens
+    then its largest k), and no autotune block (its settings are not part of the pods, so a
     change of mode or bounds is no new revision)."""
     draft = spec.pair.draft
-    if draft.autotune is None and tokens is None:
+    if draft.autotune is None and tokens is None and not schedule:
         return spec
     update: dict[str, object] = {"autotune": None}
     if tokens is not None and draft.method != "none":
         update["num_speculative_tokens"] = tokens
+    if schedule and draft.method != "none":
+        update["schedule"] = list(schedule)
+        update["num_speculative_tokens"] = max(s.tokens for s in schedule)
     pair = spec.pair.model_copy(update={"draft": draft.model_copy(update=update)})
     return spec.model_copy(update={"pair": pair})
 
@@ -553,31 +571,43 @@ def _resolve_trial(
     if trial is None or analysis is None or analysis.revision != trial:
         return state, []
     k = state.applied_tokens
+    schedule = state.applied_schedule
+    what = f"numSpeculativeTokens {k}" + (
+        f", schedule {schedule_key(schedule)}" if schedule else ""
+    )
     if analysis.outcome == Outcome.PROMOTE:
         event = RolloutEvent(
             Reason.TUNED_REVISION_PROMOTED,
-            f"tuned revision {trial} (numSpeculativeTokens {k}) passed the canary and serves",
+            f"tuned revision {trial} ({what}) passed the canary and serves",
         )
-        return state.model_copy(update={"trial_revision": None, "previous_tokens": None}), [event]
+        return state.model_copy(
+            update={"trial_revision": None, "previous_tokens": None, "previous_schedule": None}
+        ), [event]
     if analysis.outcome == Outcome.ROLLBACK:
-        rejected = sorted({*state.rejected_tokens, *([k] if k is not None else [])})
+        update: dict[str, object] = {
+            "trial_revision": None,
+            "applied_tokens": state.previous_tokens,
+            "previous_tokens": None,
+            "applied_schedule": state.previous_schedule,
+            "previous_schedule": None,
+        }
+        if schedule:
+            update["rejected_schedules"] = sorted(
+                {*state.rejected_schedules, schedule_key(schedule)}
+            )
+            again = f"schedule {schedule_key(schedule)} is"
+        else:
+            update["rejected_tokens"] = sorted(
+                {*state.rejected_tokens, *([k] if k is not None else [])}
+            )
+            again = f"k={k} is"
         event = RolloutEvent(
             Reason.TUNED_REVISION_REJECTED,
-            f"tuned revision {trial} (numSpeculativeTokens {k}) was rolled back by the canary: "
-            f"{analysis.message}; k={k} is not tried again until the spec changes",
+            f"tuned revision {trial} ({what}) was rolled back by the canary: "
+            f"{analysis.message}; {again} not tried again until the spec changes",
             warning=True,
         )
-        return (
-            state.model_copy(
-                update={
-                    "trial_revision": None,
-                    "applied_tokens": state.previous_tokens,
-                    "previous_tokens": None,
-                    "rejected_tokens": rejected,
-                }
-            ),
-            [event],
-        )
+        return state.model_copy(update=update), [event]
     return state, []
 
 
@@ -598,16 +628,18 @@ def decide_tuning(
     window: str,
     min_draft_tokens: int,
     default_cost_ratio: float,
-    revision_for: Callable[[int], str | None],
+    revision_for: RevisionFor,
     now: datetime,
+    stable_schedule: Sequence[ScheduleStep] | None = None,
 ) -> Tuning:
     """The autotuner's step in the reconcile.
 
     `stable_tokens` is the k the stable revision serves (None: it does not speculate);
     `settled` says the stable revision serves alone (no canary, no collapse fallback), the
     only time a tuned revision may start; `measured` is the stable revision's measurement when
-    one is due (see measurement_due), else None; `revision_for(k)` is the revision the spec
-    with k tuned in would be.
+    one is due (see measurement_due), else None; `revision_for(k, schedule)` is the revision
+    the spec with k (and a batch-size schedule, if any) tuned in would be; `stable_schedule`
+    the tuned schedule the stable revision serves, if any.
     """
     tune = spec.pair.draft.autotune
     if tune is None or tune.mode == "Off" or spec.pair.draft.method == "none":
@@ -625,7 +657,13 @@ def decide_tuning(
     state, events = _resolve_trial(state, analysis)
     if tune.mode != "Apply":
         state = state.model_copy(
-            update={"applied_tokens": None, "trial_revision": None, "previous_tokens": None}
+            update={
+                "applied_tokens": None,
+                "trial_revision": None,
+                "previous_tokens": None,
+                "applied_schedule": None,
+                "previous_schedule": None,
+            }
         )
     if measured is not None and stable_revision is not None and stable_tokens is not None:
         state = recommend(
@@ -642,7 +680,41 @@ def decide_tuning(
         )
         rec = state.recommendation
         fresh = state.computed_at == now.strftime(RFC3339) and not state.message
-        if (
+        ready = (
+            tune.mode == "Apply"
+            and fresh
+            and settled
+            and state.trial_revision is None
+            and _cooled_down(state, tune.cooldown, now)
+        )
+        want = rec.schedule if rec is not None else None
+        if want:
+            key = schedule_key(want)
+            if (
+                ready
+                and key != schedule_key(stable_schedule or [])
+                and key not in state.rejected_schedules
+            ):
+                k = max(step.tokens for step in want)
+                trial = revision_for(k, want)
+                state = state.model_copy(
+                    update={
+                        "applied_tokens": k,
+                        "applied_schedule": want,
+                        "applied_at": now.strftime(RFC3339),
+                        "previous_tokens": state.applied_tokens,
+                        "previous_schedule": state.applied_schedule,
+                        "trial_revision": trial,
+                    }
+                )
+                events.append(
+                    RolloutEvent(
+                        Reason.TUNED_REVISION_ROLLED_OUT,
+                        f"tuned revision {trial}: schedule {key} (numSpeculativeTokens {k}; "
+                        f"was {stable_tokens}) ({rec.schedule_message if rec else ''})",
+                    )
+                )
+        elif (
             tune.mode == "Apply"
             and fresh
             and rec is not None
@@ -654,10 +726,12 @@ def decide_tuning(
             and _cooled_down(state, tune.cooldown, now)
         ):
             k = rec.num_speculative_tokens
-            trial = revision_for(k)
+            trial = revision_for(k, None)
             state = state.model_copy(
                 update={
                     "applied_tokens": k,
+                    "applied_schedule": None,
+                    "previous_schedule": state.applied_schedule,
                     "applied_at": now.strftime(RFC3339),
                     "previous_tokens": state.applied_tokens,
                     "trial_revision": trial,
@@ -673,6 +747,11 @@ def decide_tuning(
     return Tuning(
         state=state,
         tokens=state.applied_tokens if tune.mode == "Apply" else None,
+        schedule=(
+            tuple(state.applied_schedule)
+            if tune.mode == "Apply" and state.applied_schedule
+            else None
+        ),
         events=tuple(events),
     )
 
@@ -681,7 +760,7 @@ def served_tokens(
     spec: SpeculativeDeploymentSpec,
     previous: AutotuneStatus | None,
     stable: str | None,
-    revision_for: Callable[[int], str | None],
+    revision_for: RevisionFor,
 ) -> int | None:
     """The k the stable revision serves, when it serves this spec's pair with the spec's k or
     one the autotuner chose (the revision of that k is the stable one); None otherwise, e.g.
@@ -692,17 +771,33 @@ def served_tokens(
     known = [previous.applied_tokens, previous.previous_tokens] if previous else []
     candidates = [spec.pair.draft.num_speculative_tokens, *known]
     candidates += range(tune.min_tokens, tune.max_tokens + 1)
+    schedule = served_schedule(previous, stable, revision_for)
+    if schedule is not None:
+        return max(step.tokens for step in schedule)
     return next(
-        (k for k in dict.fromkeys(candidates) if k is not None and revision_for(k) == stable),
+        (k for k in dict.fromkeys(candidates) if k is not None and revision_for(k, None) == stable),
         None,
     )
+
+
+def served_schedule(
+    previous: AutotuneStatus | None, stable: str | None, revision_for: RevisionFor
+) -> list[ScheduleStep] | None:
+    """The tuned schedule the stable revision serves (the applied one, or the one before the
+    trial), or None when it serves none."""
+    if previous is None or stable is None:
+        return None
+    for schedule in (previous.applied_schedule, previous.previous_schedule):
+        if schedule and revision_for(max(s.tokens for s in schedule), schedule) == stable:
+            return schedule
+    return None
 
 
 def tune_deployment(
     sd: SpeculativeDeployment,
     measured: AutotuneMeasurement | None,
     settings: AnalysisSettings,
-    revision_for: Callable[[int], str | None],
+    revision_for: RevisionFor,
     now: datetime,
 ) -> Tuning:
     """decide_tuning with its inputs read from the SD's spec and recorded status."""
@@ -729,4 +824,7 @@ def tune_deployment(
         default_cost_ratio=DEFAULT_DRAFT_COST_RATIO,
         revision_for=revision_for,
         now=now,
+        stable_schedule=(
+            served_schedule(previous, stable, revision_for) if measured is not None else None
+        ),
     )

@@ -21,6 +21,7 @@ from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import (
     AutotuneStatus,
     ModelShape,
+    ScheduleStep,
     SizingDecision,
     SpeculationStatus,
     SpeculativeDeployment,
@@ -242,6 +243,7 @@ def serve_pair(
     known_devices: Sequence[GpuNodeInventory] = (),
     existing: Collection[str] = (),
     tokens: int | None = None,
+    schedule: Sequence[ScheduleStep] | None = None,
 ) -> ServedPair:
     """The served spec, what one replica of it runs on, and the revision those pods make.
 
@@ -250,7 +252,9 @@ def serve_pair(
     inventory, not the pair, so a revision that exists keeps its device while some known node
     still gives it. `tokens` is the autotuned speculation length (None: the spec's own).
     """
-    served = sd.model_copy(update={"spec": served_spec(tuned_spec(sd.spec, tokens), speculation)})
+    served = sd.model_copy(
+        update={"spec": served_spec(tuned_spec(sd.spec, tokens, schedule), speculation)}
+    )
     sized = size_pair(served.spec, inventory, config, catalog, fetched_shapes)
     previous = sd.status.sizing if sd.status else None
     if previous is not None and existing:
@@ -288,7 +292,11 @@ def decide(
     revisions = [r for r in found if r is not None]
     existing = {r.revision for r in revisions}
 
-    def serve(speculation: SpeculationStatus, tokens: int | None) -> ServedPair:
+    def serve(
+        speculation: SpeculationStatus,
+        tokens: int | None,
+        schedule: Sequence[ScheduleStep] | None = None,
+    ) -> ServedPair:
         return serve_pair(
             sd,
             speculation,
@@ -299,6 +307,7 @@ def decide(
             known_devices=known_devices,
             existing=existing,
             tokens=tokens,
+            schedule=schedule,
         )
 
     # The pair the spec names, and the collapse guard watching it while it serves.
@@ -308,10 +317,12 @@ def decide(
         sd,
         snapshot.autotune,
         settings,
-        lambda k: serve(speculation, k)[2] if speculation.state == "Enabled" else None,
+        lambda k, steps: (
+            serve(speculation, k, steps)[2] if speculation.state == "Enabled" else None
+        ),
         now,
     )
-    served, sized, desired_revision = serve(speculation, tuning.tokens)
+    served, sized, desired_revision = serve(speculation, tuning.tokens, tuning.schedule)
     pair_revision = desired_revision if speculation.state == "Enabled" else None
     recorded_stable = status.stable_revision if status else None
     guard = watch_collapse(
@@ -329,7 +340,7 @@ def decide(
         speculation = decide_speculation(spec, config, collapsed=True).model_copy(
             update={"message": f"{guard.state.message}; resume: see status.collapse"}
         )
-        served, sized, desired_revision = serve(speculation, tuning.tokens)
+        served, sized, desired_revision = serve(speculation, tuning.tokens, tuning.schedule)
     sizing = sized if isinstance(sized, SizingDecision) else None
 
     has_draft = served.spec.pair.draft.method != "none"
