@@ -335,7 +335,14 @@ def test_operator_under_the_charts_service_account_reconciles_with_exactly_its_r
     installed = helm.run("get", "manifest", release, "-n", namespace).stdout
     granted = granted_access(doc for doc in yaml.safe_load_all(installed) if doc)
     missing = audited.used - granted
-    unused = granted - audited.used
+    # `get` of a kind the operator lists and watches is the read its watch-fed store falls
+    # back to before it is synced (docs/operator.md): granted, and seldom called.
+    fallback = {
+        (group, resource, "get")
+        for group, resource, verb in audited.used
+        if verb == "watch" and (group, resource, "list") in audited.used
+    }
+    unused = granted - audited.used - fallback
     assert not missing, "the operator called, the chart does not grant:\n" + format_access(missing)
     assert not unused, "the chart grants, the operator never called:\n" + format_access(unused)
     if scenario_failure is not None:
