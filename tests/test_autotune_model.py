@@ -226,6 +226,7 @@ def tune(
     analysis: AnalysisStatus | None = None,
     now: datetime = NOW,
     stable_schedule: list[ScheduleStep] | None = None,
+    trial_measured: AutotuneMeasurement | None = None,
 ) -> Tuning:
     return decide_tuning(
         sd_spec,
@@ -241,6 +242,7 @@ def tune(
         revision_for=lambda k, s: f"tuned0000{k}" + (f"s{schedule_key(s)}" if s else ""),
         now=now,
         stable_schedule=stable_schedule,
+        trial_measured=trial_measured,
     )
 
 
@@ -367,6 +369,73 @@ def test_a_rejected_tuned_k_reverts_and_is_not_tried_again_until_the_spec_change
     assert fresh.tokens == 5
     assert fresh.state is not None
     assert fresh.state.rejected_tokens == []
+
+
+# --- calibration: the draft's cost ratio measured from a second length -------------------------
+
+
+def test_apply_with_an_unmeasured_cost_ratio_serves_a_neighbouring_k_once_to_measure_it() -> None:
+    # With the default ratio 0.1 the model would keep k=3 (k=5 +10.7 % < minGain 20 %). Base
+    # step 13 ms / 1.3 = 10 ms. k=2: (1 + 0.9 + 0.8) / 12 ms = 225 tok/s; k=4: a_3 = 0.7 x
+    # (0.875 x 0.9) = 0.55125, (3.4 + 0.55125) / 14 ms = 282.23 tok/s; k=3: 3.4 / 13 ms =
+    # 261.54 tok/s. The faster neighbour is k=4, +7.91 %.
+    tuning = tune(spec("Apply", minGain=0.2, draftCostRatio=None))
+    assert tuning.tokens == 4
+    state = tuning.state
+    assert state is not None
+    assert state.recommendation is not None
+    assert state.recommendation.calibration
+    assert state.recommendation.predicted_gain == pytest.approx(0.0791, abs=1e-4)
+    assert state.inputs is not None
+    assert state.inputs.draft_cost_source == "OperatorDefault"
+    [event] = tuning.events
+    assert "numSpeculativeTokens 3 -> 4" in event.message
+    assert "calibration" in event.message
+
+
+def test_no_calibration_with_a_ratio_in_the_spec_or_in_mode_recommend() -> None:
+    given = tune(spec("Apply", minGain=0.2))
+    assert given.tokens is None
+    assert given.state is not None
+    assert given.state.recommendation is not None
+    assert not given.state.recommendation.calibration
+    shown = tune(spec("Recommend", minGain=0.2, draftCostRatio=None)).state
+    assert shown is not None
+    assert shown.recommendation is not None
+    assert not shown.recommendation.calibration
+    assert shown.recommendation.num_speculative_tokens == 3, "below minGain: keeps k=3"
+
+
+def test_the_trials_step_time_is_kept_when_it_is_rolled_back_and_the_ratio_is_then_fitted() -> None:
+    calibrating = spec("Apply", minGain=0.2, draftCostRatio=None)
+    state = tune(calibrating).state
+    at_4 = AutotuneMeasurement(
+        drafts=800,
+        draft_tokens=3200,
+        accepted_per_position=(720, 640, 560, 440),
+        step_seconds=0.0142,
+    )
+    rolled_back = AnalysisStatus(
+        revision="tuned00004", started_at="x", outcome="Rollback", message="slower"
+    )
+    after = tune(calibrating, state, measured=None, analysis=rolled_back, trial_measured=at_4)
+    assert after.tokens is None
+    assert after.state is not None
+    assert after.state.rejected_tokens == [4]
+    assert after.state.inputs is not None
+    assert [(c.num_speculative_tokens, c.step_seconds) for c in after.state.inputs.step_costs] == [
+        (3, 0.013),
+        (4, 0.0142),
+    ]
+    # An interval later, at k=3 again: (3, 13 ms) and (4, 14.2 ms) give 1.2 ms per token over
+    # t0 = 9.4 ms, r = 0.1277; no second calibration.
+    later = tune(calibrating, after.state, now=NOW + timedelta(hours=1)).state
+    assert later is not None
+    assert later.inputs is not None
+    assert later.recommendation is not None
+    assert later.inputs.draft_cost_source == "Measured"
+    assert later.inputs.draft_cost_ratio == pytest.approx(0.1277, abs=1e-4)
+    assert not later.recommendation.calibration
 
 
 def test_recommend_mode_never_serves_a_tuned_k() -> None:

@@ -158,10 +158,22 @@ def test_a_tuned_revision_the_canary_rejects_is_rolled_back_and_not_retried() ->
         stable: Measurement(**{**GOOD.__dict__, "inter_token_latency_p50": 0.02}),
         canary: slow,
     }
+    world.tuning_measured[canary] = AutotuneMeasurement(
+        drafts=500,
+        draft_tokens=2500,
+        accepted_per_position=(450, 400, 350, 300, 200),
+        step_seconds=0.05,
+    )
     for _ in range(4):
         world.step(10)
     assert "TunedRevisionRejected" in world.reasons()
     assert world.status["autotune"]["rejectedTokens"] == [5]
+    # The trial's step time was read beside the stable's and is kept for the cost fit.
+    assert canary in world.autotune_reads
+    costs = world.status["autotune"]["inputs"]["stepCosts"]
+    assert {"numSpeculativeTokens": 5, "stepSeconds": 0.05} in [
+        {k: c[k] for k in ("numSpeculativeTokens", "stepSeconds")} for c in costs
+    ]
     assert world.status["stableRevision"] == stable
     assert world.replicas().get(canary, 0) == 0
     assert world.replicas()[stable] == 2

@@ -913,6 +913,14 @@ class AutotuneRecommendation(ApiModel):
         default=False, description="The recommendation differs from the k served now."
     )
     message: str = Field(default="", description="Why this k.")
+    calibration: bool = Field(
+        default=False,
+        description=(
+            "A calibration trial (mode Apply): the draft's cost ratio has not been measured "
+            "(one k served, no draftCostRatio), so a neighbouring k is served once through the "
+            "canary to measure its step time, whatever its predicted gain."
+        ),
+    )
     schedule: list[ScheduleStep] | None = Field(
         default=None,
         max_length=16,

@@ -220,20 +220,27 @@ class Reconciler:
             fetched_shapes=self._fetched_shapes(sd),
             measurements=self._measurements(sd, deployments),
             autotune=self._autotune_measurement(sd),
+            autotune_trial=self._autotune_measurement(sd, trial=True),
         )
 
-    def _autotune_measurement(self, sd: SpeculativeDeployment) -> AutotuneMeasurement | None:
-        """The stable revision's speculation figures, when spec.pair.draft.autotune is on and
-        its last recommendation is an analysis interval old (see plan.autotune)."""
+    def _autotune_measurement(
+        self, sd: SpeculativeDeployment, *, trial: bool = False
+    ) -> AutotuneMeasurement | None:
+        """The stable revision's speculation figures (with `trial`, those of the autotuner's
+        revision under trial), when spec.pair.draft.autotune is on and its last recommendation
+        is an analysis interval old (see plan.autotune)."""
         status = sd.status
-        stable = status.stable_revision if status else None
-        settings = self.config.analysis_for(sd.spec.rollout.analysis)
         previous = status.autotune if status else None
-        if stable is None or not measurement_due(
+        if trial:
+            revision = previous.trial_revision if previous else None
+        else:
+            revision = status.stable_revision if status else None
+        settings = self.config.analysis_for(sd.spec.rollout.analysis)
+        if revision is None or not measurement_due(
             sd.spec, previous, settings.interval, self.clock()
         ):
             return None
-        return self.measure_autotune(sd.metadata.namespace or "", stable, settings.window)
+        return self.measure_autotune(sd.metadata.namespace or "", revision, settings.window)
 
     def _measurements(
         self, sd: SpeculativeDeployment, deployments: list[dict[str, Any]]

@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from specdeploy.api.conditions import Reason
@@ -454,6 +454,31 @@ def recommend(
     schedule, schedule_message = _recommend_schedule(
         tune, rates, costs, ratio, max_num_seqs=max_num_seqs, single=prediction.best_tokens
     )
+    calibrate = (
+        calibration_tokens(
+            tune,
+            state,
+            served_tokens=served_tokens,
+            costs=costs,
+            source=source,
+            prediction=prediction,
+        )
+        if schedule is None
+        else None
+    )
+    if calibrate is not None:
+        served_rate = prediction.by_tokens[served_tokens]
+        prediction = replace(
+            prediction,
+            best_tokens=calibrate,
+            gain=prediction.by_tokens[calibrate] / served_rate - 1 if served_rate > 0 else 0.0,
+            changed=True,
+            message=(
+                f"calibration: the draft's cost ratio is not measured (operator default "
+                f"{ratio:g}); k={calibrate} is served once through the canary to measure its "
+                f"step time ({prediction.message})"
+            ),
+        )
     return state.model_copy(
         update={
             "computed_at": stamp,
@@ -467,11 +492,46 @@ def recommend(
                 predicted_tokens_per_second=round(prediction.by_tokens[prediction.best_tokens], 2),
                 changed=prediction.changed,
                 message=prediction.message,
+                calibration=calibrate is not None,
                 schedule=schedule,
                 schedule_message=schedule_message,
             ),
         }
     )
+
+
+def calibration_tokens(
+    tune: AutotuneSpec,
+    state: AutotuneStatus,
+    *,
+    served_tokens: int,
+    costs: Sequence[AutotuneStepCost],
+    source: str,
+    prediction: Prediction,
+) -> int | None:
+    """The neighbouring k to serve once so the draft's cost ratio gets measured, or None.
+
+    Only in mode Apply, while the ratio is the operator's default (no draftCostRatio in the
+    spec, step times of fewer than two lengths), and when the model would keep the served k
+    (no other k predicted minGain faster):
+    from one length alone it cannot tell a cheap draft from a costly one, so without this it
+    could keep a k forever on the default's say-so. Of k-1 and k+1 (within minTokens..maxTokens,
+    not measured, not rejected) the one the model predicts faster."""
+    moves = prediction.changed and prediction.gain >= tune.min_gain
+    if tune.mode != "Apply" or source != "OperatorDefault" or moves:
+        return None
+    measured = {c.num_speculative_tokens for c in costs}
+    candidates = [
+        k
+        for k in (served_tokens - 1, served_tokens + 1)
+        if tune.min_tokens <= k <= tune.max_tokens
+        and k not in measured
+        and k not in state.rejected_tokens
+        and k in prediction.by_tokens
+    ]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda k: prediction.by_tokens[k])
 
 
 def _recommend_schedule(
@@ -563,6 +623,25 @@ def tuned_spec(
     return spec.model_copy(update={"pair": pair})
 
 
+def _record_trial_step(
+    state: AutotuneStatus, trial_measured: AutotuneMeasurement | None
+) -> AutotuneStatus:
+    """The status with the trial revision's measured step time among the step costs."""
+    k = state.applied_tokens
+    if (
+        trial_measured is None
+        or state.trial_revision is None
+        or k is None
+        or state.inputs is None
+        or trial_measured.error is not None
+        or not trial_measured.step_seconds
+    ):
+        return state
+    costs = _step_costs(state.inputs.step_costs, k, trial_measured)
+    inputs = state.inputs.model_copy(update={"step_costs": costs})
+    return state.model_copy(update={"inputs": inputs})
+
+
 def _resolve_trial(
     state: AutotuneStatus, analysis: AnalysisStatus | None
 ) -> tuple[AutotuneStatus, list[RolloutEvent]]:
@@ -631,6 +710,7 @@ def decide_tuning(
     revision_for: RevisionFor,
     now: datetime,
     stable_schedule: Sequence[ScheduleStep] | None = None,
+    trial_measured: AutotuneMeasurement | None = None,
 ) -> Tuning:
     """The autotuner's step in the reconcile.
 
@@ -639,7 +719,10 @@ def decide_tuning(
     only time a tuned revision may start; `measured` is the stable revision's measurement when
     one is due (see measurement_due), else None; `revision_for(k, schedule)` is the revision
     the spec with k (and a batch-size schedule, if any) tuned in would be; `stable_schedule`
-    the tuned schedule the stable revision serves, if any.
+    the tuned schedule the stable revision serves, if any; `trial_measured` the tuned revision
+    under trial's measurement, taken beside the stable's: its step time is kept with the
+    stable's whether the canary promotes it or not, so a second length measures the draft's
+    cost ratio (see calibration_tokens).
     """
     tune = spec.pair.draft.autotune
     if tune is None or tune.mode == "Off" or spec.pair.draft.method == "none":
@@ -654,6 +737,7 @@ def decide_tuning(
             computed_at=state.computed_at,
             spec_fingerprint=fingerprint,
         )
+    state = _record_trial_step(state, trial_measured)
     state, events = _resolve_trial(state, analysis)
     if tune.mode != "Apply":
         state = state.model_copy(
@@ -719,7 +803,7 @@ def decide_tuning(
             and fresh
             and rec is not None
             and rec.changed
-            and rec.predicted_gain >= tune.min_gain
+            and (rec.predicted_gain >= tune.min_gain or rec.calibration)
             and settled
             and state.trial_revision is None
             and rec.num_speculative_tokens not in state.rejected_tokens
@@ -799,6 +883,8 @@ def tune_deployment(
     settings: AnalysisSettings,
     revision_for: RevisionFor,
     now: datetime,
+    *,
+    trial_measured: AutotuneMeasurement | None = None,
 ) -> Tuning:
     """decide_tuning with its inputs read from the SD's spec and recorded status."""
     status = sd.status
@@ -827,4 +913,5 @@ def tune_deployment(
         stable_schedule=(
             served_schedule(previous, stable, revision_for) if measured is not None else None
         ),
+        trial_measured=trial_measured,
     )

@@ -97,6 +97,8 @@ class Snapshot:
     measurements: Mapping[str, Measurement] = field(default_factory=dict)
     #: The stable revision's speculation figures, when the autotuner is due to recommend.
     autotune: AutotuneMeasurement | None = None
+    #: The same of the autotuner's trial revision, while one is under the canary.
+    autotune_trial: AutotuneMeasurement | None = None
 
 
 @dataclass(frozen=True)
@@ -321,6 +323,7 @@ def decide(
             serve(speculation, k, steps)[2] if speculation.state == "Enabled" else None
         ),
         now,
+        trial_measured=snapshot.autotune_trial,
     )
     served, sized, desired_revision = serve(speculation, tuning.tokens, tuning.schedule)
     pair_revision = desired_revision if speculation.state == "Enabled" else None
