@@ -52,7 +52,12 @@ from engine_harness import (  # noqa: E402
     vllm_args,
 )
 from specdeploy.api.models import AutotuneSpec, AutotuneStatus  # noqa: E402
-from specdeploy.plan.autotune import AutotuneMeasurement, recommend  # noqa: E402
+from specdeploy.plan.analysis import TUNED_THROUGHPUT_TOLERANCE  # noqa: E402
+from specdeploy.plan.autotune import (  # noqa: E402
+    DEFAULT_DRAFT_COST_RATIO,
+    AutotuneMeasurement,
+    recommend,
+)
 
 # The tiny models' own kind of text (the target was trained on such sentences).
 PROMPTS = [
@@ -138,8 +143,26 @@ def run_k(
     }
 
 
+def _measured(run: dict[str, Any], concurrency: int) -> AutotuneMeasurement:
+    return AutotuneMeasurement(
+        drafts=run["drafts"],
+        draft_tokens=run["draft_tokens"],
+        accepted_per_position=tuple(run["accepted_per_position"]),
+        step_seconds=run["step_seconds"],
+        mean_batch_size=float(concurrency),
+    )
+
+
 def operator_choice(sweep: dict[int, dict[str, Any]], opts: Any) -> dict[str, Any]:
-    """Where mode Apply ends, starting from k=DEFAULT_K, reading the sweep as its measurements."""
+    """Where mode Apply ends, starting from k=DEFAULT_K, reading the sweep as its measurements.
+
+    Each recommendation the operator would roll out (plan.autotune.recommend: a k predicted
+    minGain faster, or a calibration trial while the draft's cost ratio is unmeasured) is a
+    trial: its k's step time joins the status (as decide_tuning keeps a trial's), and the
+    canary's throughput verdict (tokens/s more than TUNED_THROUGHPUT_TOLERANCE below the
+    stable's fails, plan.analysis) is taken from the sweep's tokens/s. A passed trial serves;
+    a failed one is rejected and the stable k is measured again, now with both step times.
+    """
     tune = AutotuneSpec(
         mode="Apply", min_tokens=min(sweep), max_tokens=max(sweep), min_gain=opts.min_gain
     )
@@ -147,42 +170,54 @@ def operator_choice(sweep: dict[int, dict[str, Any]], opts: Any) -> dict[str, An
     served = DEFAULT_K
     path: list[dict[str, Any]] = []
     now = datetime.now(UTC)
-    for _ in range(len(sweep)):
-        run = sweep[served]
-        measured = AutotuneMeasurement(
-            drafts=run["drafts"],
-            draft_tokens=run["draft_tokens"],
-            accepted_per_position=tuple(run["accepted_per_position"]),
-            step_seconds=run["step_seconds"],
-            mean_batch_size=float(opts.concurrency),
-        )
-        state = recommend(
+
+    def measure(k: int, previous: AutotuneStatus | None) -> AutotuneStatus:
+        return recommend(
             tune,
-            state,
-            revision=f"k{served}",
-            served_tokens=served,
-            measured=measured,
+            previous,
+            revision=f"k{k}",
+            served_tokens=k,
+            measured=_measured(sweep[k], opts.concurrency),
             window="bench",
             min_draft_tokens=opts.min_draft_tokens,
-            default_cost_ratio=0.1,
+            default_cost_ratio=DEFAULT_DRAFT_COST_RATIO,
             now=now,
         )
+
+    for _ in range(2 * len(sweep)):
+        state = measure(served, state)
         rec = state.recommendation
         if rec is None or state.inputs is None:
             raise RuntimeError(f"no recommendation at k={served}: {state.message}")
-        path.append(
-            {
-                "served": served,
-                "recommended": rec.num_speculative_tokens,
-                "predicted_gain": rec.predicted_gain,
-                "draft_cost_ratio": state.inputs.draft_cost_ratio,
-                "draft_cost_source": state.inputs.draft_cost_source,
-                "message": rec.message,
-            }
-        )
-        if not rec.changed or rec.num_speculative_tokens == served:
+        step: dict[str, Any] = {
+            "served": served,
+            "recommended": rec.num_speculative_tokens,
+            "calibration": rec.calibration,
+            "predicted_gain": rec.predicted_gain,
+            "draft_cost_ratio": state.inputs.draft_cost_ratio,
+            "draft_cost_source": state.inputs.draft_cost_source,
+            "message": rec.message,
+        }
+        path.append(step)
+        trial = rec.num_speculative_tokens
+        rolls_out = rec.changed and (rec.predicted_gain >= tune.min_gain or rec.calibration)
+        if not rolls_out or trial == served or trial in state.rejected_tokens:
             break
-        served = rec.num_speculative_tokens
+        # The trial under the canary: its step time is kept whatever the verdict.
+        costs = measure(trial, state).inputs
+        assert costs is not None
+        state = state.model_copy(
+            update={"inputs": state.inputs.model_copy(update={"step_costs": costs.step_costs})}
+        )
+        ratio = sweep[trial]["output_tokens_per_s"] / sweep[served]["output_tokens_per_s"]
+        step["canary"] = "Promote" if ratio - 1 >= -TUNED_THROUGHPUT_TOLERANCE else "Rollback"
+        step["canary_throughput_ratio"] = round(ratio, 3)
+        if step["canary"] == "Promote":
+            served = trial
+        else:
+            state = state.model_copy(
+                update={"rejected_tokens": sorted({*state.rejected_tokens, trial})}
+            )
     return {"chosen": served, "first_recommendation": path[0]["recommended"], "path": path}
 
 
