@@ -125,9 +125,10 @@ demo: venv tools system-deps engine-venv prometheus-operator-crd ## Local cluste
 # Small request counts by default: the machine and its CPU are shared.
 BENCH_ENGINE_ARGS ?= --concurrency 1,4 --repeats 1 --requests-per-level 8 --max-tokens 64
 BENCH_SCALE_COUNTS ?= 10,100,1000
-# One run of each side (after an untimed warm-up): an engine start takes minutes on a loaded
-# 2-core machine. P4: 3 alternating rounds of 2 completions on each engine.
-BENCH_ENGINE_CLUSTER_ARGS ?= --runs 1 --requests 2 --rounds 3 --max-tokens 32
+# P1: 5 alternating runs of each side (after an untimed warm-up; an engine starts in about
+# 30 s on a quiet 2-core machine). P4: 5 alternating rounds of 8 completions of 128 tokens on
+# each engine (a few completions of a tiny model last milliseconds: too short to compare).
+BENCH_ENGINE_CLUSTER_ARGS ?= --runs 5 --requests 8 --rounds 5 --max-tokens 128
 
 .PHONY: bench-engine
 bench-engine: venv engine-venv ## CPU engine tokens/s and latency with and without speculation
