@@ -373,6 +373,10 @@ def test_the_analysis_holds_while_prometheus_is_down_survives_a_killed_operator_
         stable = bed.wait_serving()
     body = canary_sd(bed.namespace, bed.models, "draft-small", "4-small")
     body["spec"]["rollout"]["analysis"]["promoteAfter"] = 3
+    # This test is about missing metrics, not latency (the bad-draft test judges that): after
+    # the collapse test the stable is the target alone, and on a crowded machine the pair's
+    # median step can exceed three times the target's, failing a verdict for latency.
+    body["spec"]["rollout"]["analysis"]["maxLatencyIncrease"] = 100.0
     with bed.load():
         bed.kubectl.apply([body])
 
@@ -417,7 +421,10 @@ def test_the_analysis_holds_while_prometheus_is_down_survives_a_killed_operator_
                 status["analysis"],
                 verdicts_of(status, canary),
             )
-        promoted = bed.wait_serving(other_than=stable)
+        try:
+            promoted = bed.wait_serving(other_than=stable)
+        except TimeoutError as error:
+            raise AssertionError(verdicts_of(bed.status(), canary)) from error
     assert promoted == canary
     verdicts = verdicts_of(bed.status(), canary)
     results = [v["result"] for v in verdicts]
