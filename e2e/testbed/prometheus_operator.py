@@ -70,12 +70,22 @@ def served_pod_monitor_crd(kubectl: Kubectl, timeout: float = 60.0) -> Iterator[
     if not there_before:
         kubectl.apply([crd])
     try:
-        kubectl.run(
-            "wait",
-            "--for=condition=Established",
-            f"crd/{POD_MONITOR_CRD_NAME}",
-            f"--timeout={int(timeout)}s",
-            timeout=timeout + 10,
+        # Again when it fails at once: `kubectl wait` exits 1 while the new CRD has no
+        # status.conditions yet (".status.conditions accessor error").
+        eventually(
+            lambda: (
+                kubectl.run(
+                    "wait",
+                    "--for=condition=Established",
+                    f"crd/{POD_MONITOR_CRD_NAME}",
+                    f"--timeout={int(timeout)}s",
+                    check=False,
+                    timeout=timeout + 10,
+                ).returncode
+                == 0
+            ),
+            timeout,
+            f"{POD_MONITOR_CRD_NAME} Established",
         )
         # kubectl caches discovery; listing the group refreshes it.
         eventually(
