@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from specdeploy.handlers.reconcile import Reconciler
@@ -184,3 +185,62 @@ def test_a_tuned_revision_the_canary_rejects_is_rolled_back_and_not_retried() ->
     assert world.reasons().count("TunedRevisionRolledOut") == 1
     assert world.status["autotune"]["recommendation"]["numSpeculativeTokens"] == 5
     assert world.replicas()[stable] == 2
+
+
+def test_a_recommended_schedule_is_rolled_out_as_a_revision_and_promoted_with_it() -> None:
+    """Recommend measures two batch sizes, Apply then rolls the schedule out (the model's case in
+    test_autotune_model: b 1: k=5, 2-4: k=4, 5-16: k=3) and the promoted revision serves it."""
+    world = TunedWorld("Recommend")
+    draft = world.sd["spec"]["pair"]["draft"]
+    draft["autotune"]["schedule"] = "Auto"
+    world.sd["spec"]["engine"] = {"maxModelLen": 4096, "maxNumSeqs": 16}  # fits a MIG slice
+    world.step()
+    stable = world.status["stableRevision"]
+    world.measured = {stable: GOOD}
+    world.tuning_measured = {
+        stable: dataclasses.replace(WELL_PREDICTED, step_seconds=0.015, mean_batch_size=1.0)
+    }
+    world.step(10)
+    world.tuning_measured = {
+        stable: dataclasses.replace(WELL_PREDICTED, step_seconds=0.029, mean_batch_size=8.0)
+    }
+    world.step(10)
+    recommendation = world.status["autotune"]["recommendation"]
+    assert [(s["maxBatchSize"], s["tokens"]) for s in recommendation["schedule"]] == [
+        (1, 5),
+        (4, 4),
+        (16, 3),
+    ]
+    assert world.replicas() == {stable: 2}, "Recommend starts no revision"
+
+    draft["autotune"]["mode"] = "Apply"
+    world.sd["metadata"]["generation"] += 1
+    world.step(10)
+    canary = world.status["canaryRevision"]
+    assert canary not in (None, stable)
+    assert world.status["autotune"]["trialRevision"] == canary
+    config = speculative_config(world, canary)
+    assert '"num_speculative_tokens":5' in config
+    assert '"num_speculative_tokens_per_batch_size":[[1,1,5],[2,4,4],[5,16,3]]' in config
+    assert "per_batch_size" not in speculative_config(world, stable)
+    assert world.reasons().count("TunedRevisionRolledOut") == 1
+
+    # Judged by throughput, as any tuned revision: 4.0 tokens a 20 ms step against 3.4.
+    fast = Measurement(**{**GOOD.__dict__, "inter_token_latency_p50": 0.020})
+    world.measured = {
+        stable: Measurement(**{**fast.__dict__, "mean_acceptance_length": 3.4}),
+        canary: Measurement(**{**fast.__dict__, "mean_acceptance_length": 4.0}),
+    }
+    for _ in range(3):
+        world.step(10)
+    assert world.status["stableRevision"] == canary
+    assert world.replicas() == {stable: 0, canary: 2}
+    assert world.reasons().count("TunedRevisionPromoted") == 1
+    assert world.status["autotune"]["appliedSchedule"] == recommendation["schedule"]
+    # Measured again at both batch sizes, the served schedule is no new trial.
+    world.tuning_measured = {
+        canary: dataclasses.replace(WELL_PREDICTED, step_seconds=0.029, mean_batch_size=8.0)
+    }
+    world.step(10)
+    assert world.reasons().count("TunedRevisionRolledOut") == 1
+    assert world.status.get("canaryRevision") is None
