@@ -51,8 +51,8 @@ from engine_harness import (  # noqa: E402
     start_engine,
     vllm_args,
 )
+from specdeploy.api.config import AnalysisSettings  # noqa: E402
 from specdeploy.api.models import AutotuneSpec, AutotuneStatus  # noqa: E402
-from specdeploy.plan.analysis import TUNED_THROUGHPUT_TOLERANCE  # noqa: E402
 from specdeploy.plan.autotune import (  # noqa: E402
     DEFAULT_DRAFT_COST_RATIO,
     AutotuneMeasurement,
@@ -70,6 +70,8 @@ PROMPTS = [
 ]
 WORKLOADS = {"predicted-well": "draft-small", "predicted-badly": "draft-bad"}
 DEFAULT_K = 5
+#: The canary's verdict on a tuned revision at its default (rollout.analysis.maxThroughputDrop).
+MAX_THROUGHPUT_DROP = AnalysisSettings().max_throughput_drop
 
 
 def scrape(server: EngineServer) -> dict[str, Any]:
@@ -159,7 +161,7 @@ def operator_choice(sweep: dict[int, dict[str, Any]], opts: Any) -> dict[str, An
     Each recommendation the operator would roll out (plan.autotune.recommend: a k predicted
     minGain faster, or a calibration trial while the draft's cost ratio is unmeasured) is a
     trial: its k's step time joins the status (as decide_tuning keeps a trial's), and the
-    canary's throughput verdict (tokens/s more than TUNED_THROUGHPUT_TOLERANCE below the
+    canary's throughput verdict (tokens/s more than maxThroughputDrop, 2 %, below the
     stable's fails, plan.analysis) is taken from the sweep's tokens/s. A passed trial serves;
     a failed one is rejected and the stable k is measured again, now with both step times.
     """
@@ -210,7 +212,7 @@ def operator_choice(sweep: dict[int, dict[str, Any]], opts: Any) -> dict[str, An
             update={"inputs": state.inputs.model_copy(update={"step_costs": costs.step_costs})}
         )
         ratio = sweep[trial]["output_tokens_per_s"] / sweep[served]["output_tokens_per_s"]
-        step["canary"] = "Promote" if ratio - 1 >= -TUNED_THROUGHPUT_TOLERANCE else "Rollback"
+        step["canary"] = "Promote" if ratio - 1 >= -MAX_THROUGHPUT_DROP else "Rollback"
         step["canary_throughput_ratio"] = round(ratio, 3)
         if step["canary"] == "Promote":
             served = trial

@@ -162,6 +162,12 @@ def test_a_tuned_k_within_the_tolerance_passes_and_just_beyond_it_fails() -> Non
     # 2 % below 170 is 166.6 tokens/s: 4.9 / 166.6 = 29.41 ms a step.
     assert judge_interval(_k6(0.0294), STABLE_K3, True, CRITERIA, tuned=True).result == Result.PASS
     assert judge_interval(_k6(0.0295), STABLE_K3, True, CRITERIA, tuned=True).result == Result.FAIL
+    # maxThroughputDrop 0.10: 10 % below 170 is 153 tokens/s, 4.9 / 153 = 32.03 ms a step.
+    looser = CRITERIA.model_copy(update={"max_throughput_drop": 0.10})
+    assert judge_interval(_k6(0.032), STABLE_K3, True, looser, tuned=True).result == Result.PASS
+    verdict = judge_interval(_k6(0.0321), STABLE_K3, True, looser, tuned=True)
+    assert verdict.result == Result.FAIL
+    assert verdict.message.endswith("more than 10% slower")
 
 
 def test_a_tuned_k_keeps_the_acceptance_floor() -> None:

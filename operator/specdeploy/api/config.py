@@ -36,6 +36,9 @@ class AnalysisSettings(ApiModel):
     max_latency_increase: float = Field(
         default=1.10, ge=1, description="Inter-token latency ratio to the stable that fails."
     )
+    max_throughput_drop: float = Field(
+        default=0.02, ge=0, le=1, description="Tuned revision: tokens/s share below the stable's."
+    )
     failure_limit: int = Field(default=2, ge=1, description="Failures that roll back.")
     promote_after: int = Field(default=3, ge=1, description="Passes that promote.")
     on_inconclusive: InconclusivePolicy = Field(default="Hold", description="Inconclusive.")

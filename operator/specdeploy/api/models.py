@@ -660,6 +660,16 @@ class AnalysisSpec(ApiModel):
             "stable's fails (a draft that is accepted but slow to run loses)."
         ),
     )
+    max_throughput_drop: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description=(
+            "An autotuned canary (it differs from the stable only by its speculation length) "
+            "fails when its tokens per second are more than this share below the stable's; "
+            "maxDropVsStable and maxLatencyIncrease do not apply to it."
+        ),
+    )
     failure_limit: int | None = Field(
         default=None,
         ge=1,

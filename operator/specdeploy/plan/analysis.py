@@ -13,7 +13,7 @@ Conventions (docs/operator.md compares them with Argo Rollouts' and Flagger's):
   by throughput, not acceptance: a longer k lowers the acceptance rate even when it emits more
   tokens per second. minAcceptanceRate stays its floor; then it fails when its tokens per step
   over its step time (mean acceptance length / inter-token latency p50) is more than
-  TUNED_THROUGHPUT_TOLERANCE below the stable's, and is Inconclusive without both figures.
+  `maxThroughputDrop` (0.02) below the stable's, and is Inconclusive without both figures.
 - The canary is rolled back when its failed verdicts reach `failureLimit` (">=", counted over
   the whole canary run, as Flagger counts; Argo Rollouts' `failureLimit` is "more than", so our
   2 is their 1). It is promoted after `promoteAfter` passing verdicts in a row. On Inconclusive,
@@ -36,10 +36,6 @@ from specdeploy.api.config import AnalysisSettings
 from specdeploy.api.models import AnalysisStatus
 
 RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
-
-#: A tuned canary fails when its tokens per second are more than this share below the stable's
-#: (the two are measured over the same window on the same machine; this absorbs their noise).
-TUNED_THROUGHPUT_TOLERANCE = 0.02
 
 
 class Result(StrEnum):
@@ -92,7 +88,7 @@ def tokens_per_second(measured: Measurement) -> float | None:
 
 
 def _judge_throughput(
-    canary: Measurement, stable: Measurement | None, tokens: str
+    canary: Measurement, stable: Measurement | None, tokens: str, max_drop: float
 ) -> IntervalVerdict:
     mine = tokens_per_second(canary)
     theirs = tokens_per_second(stable) if stable is not None else None
@@ -105,10 +101,9 @@ def _judge_throughput(
         )
     change = mine / theirs - 1
     figures = f"{mine:.1f} tokens/s per sequence vs the stable's {theirs:.1f} ({change:+.1%})"
-    if change < -TUNED_THROUGHPUT_TOLERANCE:
+    if change < -max_drop:
         return IntervalVerdict(
-            Result.FAIL,
-            f"tuned revision: {figures}, more than {TUNED_THROUGHPUT_TOLERANCE:.0%} slower",
+            Result.FAIL, f"tuned revision: {figures}, more than {max_drop:.0%} slower"
         )
     return IntervalVerdict(Result.PASS, f"tuned revision: {figures} over {tokens}")
 
@@ -142,7 +137,7 @@ def judge_interval(
         )
     usable = stable if stable is not None and stable.error is None else None
     if tuned:
-        return _judge_throughput(canary, usable, tokens)
+        return _judge_throughput(canary, usable, tokens, criteria.max_throughput_drop)
     if usable is not None and stable_has_draft and usable.acceptance_rate is not None:
         drop = usable.acceptance_rate - rate
         if drop > criteria.max_drop_vs_stable:
