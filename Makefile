@@ -108,11 +108,7 @@ operator-down: ## Stop the background operator
 
 .PHONY: e2e
 e2e: venv tools system-deps engine-venv prometheus-operator-crd ## End-to-end tests against the local cluster (never skipped)
-	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m 'e2e and not long'
-
-.PHONY: e2e-long
-e2e-long: venv tools system-deps engine-venv prometheus-operator-crd ## End-to-end tests too long for CI (marker long; not in make test)
-	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m 'e2e and long'
+	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m e2e --durations=25
 
 .PHONY: soak
 soak: venv tools system-deps engine-venv prometheus-operator-crd ## Operator SIGKILLed 20+ times during real canaries and a collapse (not in CI); bench/results/soak.*

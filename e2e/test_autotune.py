@@ -1,10 +1,11 @@
 """The speculation-length autotuner with real engines, the real Prometheus and the real canary.
 
-One operator and one SD of the tiny pair (draft-small, k=3, which the target's own text makes
-predictable), judged every 10 s over a 20 s window. In Recommend mode, under load, the SD gets
-status.autotune from the real per-position counters and nothing else changes; switched to
-Apply, the recommendation becomes a tuned revision that the canary judges and promotes. At
-most two engines run at once (the stable and the tuned canary).
+One operator and one SD of the tiny pair (draft-small, which the target's own text makes
+predictable, served at k=1), judged every 10 s over a 30 s window. In Recommend mode, under
+load, the SD gets status.autotune from the real per-position counters and nothing else changes;
+switched to Apply, the recommendation (a longer k) becomes a tuned revision that the canary
+judges by tokens per second against the k=1 stable and promotes. At most two engines run at
+once (the stable and the tuned canary).
 """
 
 from __future__ import annotations
@@ -30,27 +31,32 @@ from engine_cluster import (
 from engine_harness import engine_python, tiny_models
 from load import CompletionLoad
 from test_canary_engine import ANALYSIS, ENGINE_READY_S
-from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+from testbed import ClusterEnv, Kubectl, KubectlError, create_namespace_with_queues, eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
 __all__ = ["engine_python", "tiny_models"]  # session fixtures used here
 
 SD = "tuned"
+#: The served length: draft-small at k=1 emits at most 2 tokens a step, and a longer k, whose
+#: later positions it still predicts well, emits more than its longer step costs (the sweep of
+#: `make bench-autotune`), so the tuned revision is faster in fact, not only by the model.
+SERVED_K = 1
 # A tuned revision: a second engine starting beside the first on a shared machine, then two
 # passing verdicts.
 TUNED_PROMOTED_S = 900
 
 
-# A longer k lowers the acceptance rate (accepted per draft token: later positions are accepted
-# less) and lengthens each step, both by design (docs/autotune.md): the drop against the stable
-# is not a fault of a tuned revision, so this canary judges its absolute acceptance and latency
-# only. A 30 s window: on this shared machine a step takes up to 2 s.
-TUNED_ANALYSIS = {**ANALYSIS, "window": "30s", "maxDropVsStable": 1.0}
+# The tuned canary is judged by its tokens per second against the stable's, with the default
+# maxThroughputDrop (2 %); a longer k's lower acceptance rate is no fault of it, but
+# minAcceptanceRate stays the floor (docs/autotune.md). A 30 s window: on this shared machine a
+# step takes up to 2 s.
+TUNED_ANALYSIS = {**ANALYSIS, "window": "30s", "minAcceptanceRate": 0.3}
 
 
 def tuned_sd(namespace: str, models: dict[str, str], autotune: dict[str, Any]) -> dict[str, Any]:
     body = tiny_sd(SD, namespace, models, "draft-small", "1-small")
+    body["spec"]["pair"]["draft"]["numSpeculativeTokens"] = SERVED_K
     body["spec"]["pair"]["draft"]["autotune"] = autotune
     body["spec"]["rollout"] = {"canary": {"replicas": 1}, "analysis": dict(TUNED_ANALYSIS)}
     return body
@@ -88,7 +94,15 @@ def wait_serving(
         ready = condition(sd, "Ready").get("status") == "True"
         return stable if ready and stable and stable != other_than else None
 
-    found: str = eventually(serving, timeout, f"SD {SD} Ready")
+    # A crowded machine can time out a kubectl call to the API server: that is "not yet".
+    try:
+        found: str = eventually(serving, timeout, f"SD {SD} Ready", retry_on=(KubectlError,))
+    except TimeoutError:
+        status = status_of(kubectl, namespace)
+        why = {key: status.get(key) for key in ("analysis", "autotune", "revisions", "conditions")}
+        print(f"\nstatus when the wait ran out: {json.dumps(why, indent=1)}")
+        print(f"events: {[e['reason'] for e in events_of(kubectl, namespace, SD)]}")
+        raise
     return found
 
 
@@ -148,16 +162,14 @@ def test_recommend_writes_status_autotune_from_real_counters_and_changes_nothing
 
     inputs = tuned["inputs"]
     assert inputs["revision"] == stable
-    assert inputs["numSpeculativeTokens"] == 3
-    # vLLM exports one per-position counter per speculative token: three here, each a
-    # probability that never rises with the position.
-    per_position = inputs["acceptancePerPosition"]
-    assert len(per_position) == 3, inputs
-    assert 0 < per_position[-1] <= per_position[0] <= 1, inputs
+    assert inputs["numSpeculativeTokens"] == SERVED_K
+    # vLLM exports one per-position counter per speculative token: one here, a probability.
+    [accepted] = inputs["acceptancePerPosition"]
+    assert 0 < accepted <= 1, inputs
     assert inputs["draftTokens"] >= 60
-    assert inputs["drafts"] * 3 == pytest.approx(inputs["draftTokens"], rel=0.05)
+    assert inputs["drafts"] * SERVED_K == pytest.approx(inputs["draftTokens"], rel=0.05)
     [cost] = inputs["stepCosts"]
-    assert cost["numSpeculativeTokens"] == 3
+    assert cost["numSpeculativeTokens"] == SERVED_K
     assert 0 < cost["stepSeconds"] < 5
     assert inputs["maxBatchSize"] >= 1
     assert inputs["draftCostSource"] == "OperatorDefault"
@@ -169,14 +181,11 @@ def test_recommend_writes_status_autotune_from_real_counters_and_changes_nothing
     assert status["stableRevision"] == stable
     assert status.get("canaryRevision") is None
     assert deployments_of(kubectl, namespace) == {f"{SD}-{stable}": 1}
-    assert speculative_tokens(kubectl, namespace, stable) == {3}
+    assert speculative_tokens(kubectl, namespace, stable) == {SERVED_K}
     reasons = {e["reason"] for e in events_of(kubectl, namespace, SD)}
     assert not {r for r in reasons if r.startswith("TunedRevision")}, reasons
 
 
-# Two canary-judged engine revisions after a measured one: 5 to 16 minutes on the shared 2-core
-# machine, and it failed there under load. Not in CI (make e2e); make e2e-long runs it.
-@pytest.mark.long
 def test_apply_rolls_the_recommendation_out_through_the_canary_and_promotes_it(
     cluster: ClusterEnv,
     kubectl: Kubectl,
@@ -184,7 +193,8 @@ def test_apply_rolls_the_recommendation_out_through_the_canary_and_promotes_it(
     tiny_models: dict[str, str],
     operator: OperatorProcess,
 ) -> None:
-    # A cheap draft (draftCostRatio 0.02) that the prompts make predictable: longer drafts pay.
+    # A cheap draft (draftCostRatio 0.02) that the prompts make predictable: longer drafts pay,
+    # by the model and, from k=1, in fact (the canary judges the real tokens/s, 2 % tolerance).
     autotune = {"mode": "Apply", "maxTokens": 6, "minGain": 0.02, "draftCostRatio": 0.02}
     if not status_of(kubectl, namespace).get("stableRevision"):  # run alone
         kubectl.apply([tuned_sd(namespace, tiny_models, {"mode": "Recommend"})])
@@ -196,7 +206,7 @@ def test_apply_rolls_the_recommendation_out_through_the_canary_and_promotes_it(
     tuned = status["autotune"]
     print(f"\napply: {json.dumps(tuned, indent=1)}")
     k = tuned["appliedTokens"]
-    assert k != 3
+    assert k > SERVED_K
     assert speculative_tokens(kubectl, namespace, promoted) == {k}
     assert status["analysis"]["revision"] == promoted
     assert status["analysis"]["outcome"] == "Promote"
