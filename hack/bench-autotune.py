@@ -4,11 +4,13 @@
     make bench-autotune          # or: PYTHONPATH=operator:e2e python hack/bench-autotune.py
 
 For each workload (the tiny target with a draft that predicts it well, draft-small, and one
-that predicts it badly, draft-bad), one engine per k = 1..8 is started through the launcher in
-turn; each gets the same greedy completions at a fixed concurrency, and its output tokens/s is
-the oracle's figure for that k. The engine's own /metrics (drafts, draft tokens, accepted tokens
-per position, inter-token latency) over the same requests are what Prometheus would give the
-operator.
+that predicts it badly, draft-bad), one engine per k = 1..8 is started through the launcher,
+all kept up at once (each with a small KV cache). Then, in --rounds interleaved rounds (the
+order of k rotated and reversed from round to round, so a drift in the machine's load falls on
+every k alike), each engine gets the same greedy completions at a fixed concurrency; the median
+round's output tokens/s is the oracle's figure for that k. The engine's own /metrics (drafts,
+draft tokens, accepted tokens per position, inter-token latency) summed over the rounds are
+what Prometheus would give the operator.
 
 The operator's choice is computed by the operator's own model (plan.autotune.recommend), as
 mode Apply would reach it: starting from k=5 (the seeds' default), with no draftCostRatio (so
@@ -24,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -99,49 +103,191 @@ def delta(after: dict[str, Any], before: dict[str, Any], name: str) -> float:
     return float(after.get(name, 0.0)) - float(before.get(name, 0.0))
 
 
-def run_k(
-    python: Path, models: dict[str, str], draft: str, k: int, *, log_dir: Path, opts: Any
-) -> dict[str, Any]:
+#: Each engine's KV cache: two engines are up at once, each with a small one (a tiny model at
+#: --max-model-len 512 needs a few MiB), the same for every k.
+SWEEP_KV_CACHE_BYTES = 128 * 1024 * 1024
+#: Memory an engine start needs free, so the sweep stops with a message instead of the OOM killer.
+ENGINE_START_MIN_AVAILABLE_MIB = 3 * 1024
+
+
+def available_mib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+@dataclass(frozen=True)
+class Started:
+    server: EngineServer
+    startup_s: float
+
+
+def start_k(python: Path, models: dict[str, str], draft: str, k: int, log_dir: Path) -> Started:
+    """An engine serving the pair at length k, ready and warmed up."""
+    if available_mib() < ENGINE_START_MIN_AVAILABLE_MIB:
+        raise SystemExit(
+            f"bench-autotune: {available_mib()} MiB available before the k={k} engine, "
+            f"under {ENGINE_START_MIN_AVAILABLE_MIB}"
+        )
     spec = {"method": "draft_model", "model": models[draft], "num_speculative_tokens": k}
     port = free_port()
+    extra = ["--kv-cache-memory-bytes", str(SWEEP_KV_CACHE_BYTES)]
     server = start_engine(
         python,
         f"{draft}-k{k}",
-        vllm_args(models["target"], port, speculative=spec),
+        vllm_args(models["target"], port, speculative=spec, extra=extra),
         log_dir,
         port=port,
     )
     try:
         startup = server.wait_ready()
         server.complete(PROMPTS[0], max_tokens=8)  # warm-up
-        before = scrape(server)
-        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(opts.requests)]
-        started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=opts.concurrency) as pool:
-            answers = list(
-                pool.map(lambda p: server.complete(p, max_tokens=opts.max_tokens), prompts)
-            )
-        wall = time.monotonic() - started
-        after = scrape(server)
-    finally:
+    except BaseException:
         server.stop()
-    tokens = sum(int(a["usage"]["completion_tokens"]) for a in answers)
+        raise
+    return Started(server, startup)
+
+
+def run_round(server: EngineServer, opts: Any) -> dict[str, Any]:
+    """One round of the same greedy completions at a fixed concurrency, and the engine's deltas."""
+    server.complete(PROMPTS[0], max_tokens=8)  # untimed: wakes an engine that sat idle
+    before = scrape(server)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(opts.requests)]
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=opts.concurrency) as pool:
+        answers = list(pool.map(lambda p: server.complete(p, max_tokens=opts.max_tokens), prompts))
+    wall = time.monotonic() - started
+    after = scrape(server)
     positions = sorted(after["per_position"])
-    steps = delta(after, before, "vllm:inter_token_latency_seconds_count")
+    tokens = sum(int(a["usage"]["completion_tokens"]) for a in answers)
     return {
-        "k": k,
-        "startup_s": round(startup, 1),
         "output_tokens": tokens,
-        "wall_s": round(wall, 3),
-        "output_tokens_per_s": round(tokens / wall, 2),
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
         "drafts": delta(after, before, "vllm:spec_decode_num_drafts_total"),
         "draft_tokens": delta(after, before, "vllm:spec_decode_num_draft_tokens_total"),
         "accepted_per_position": [
             after["per_position"][p] - before["per_position"].get(p, 0.0) for p in positions
         ],
-        "step_seconds": (
-            delta(after, before, "vllm:inter_token_latency_seconds_sum") / steps if steps else None
-        ),
+        "step_sum": delta(after, before, "vllm:inter_token_latency_seconds_sum"),
+        "step_count": delta(after, before, "vllm:inter_token_latency_seconds_count"),
+    }
+
+
+def summarise_k(
+    k: int, startup: float, rounds: list[dict[str, Any]], tokens_per_s: float
+) -> dict[str, Any]:
+    """A k's figures: its tokens/s (from the paired rounds) and the engine's counters summed over
+    its rounds, as Prometheus would give them over a window."""
+    steps = sum(r["step_count"] for r in rounds)
+    width = max(len(r["accepted_per_position"]) for r in rounds)
+    return {
+        "k": k,
+        "startup_s": round(startup, 1),
+        "rounds": len(rounds),
+        "output_tokens": sum(r["output_tokens"] for r in rounds),
+        "wall_s": round(sum(r["wall_s"] for r in rounds), 3),
+        "output_tokens_per_s": round(tokens_per_s, 2),
+        "rounds_tokens_per_s": [round(r["tokens_per_s"], 2) for r in rounds],
+        "drafts": sum(r["drafts"] for r in rounds),
+        "draft_tokens": sum(r["draft_tokens"] for r in rounds),
+        "accepted_per_position": [
+            sum(
+                r["accepted_per_position"][p] for r in rounds if len(r["accepted_per_position"]) > p
+            )
+            for p in range(width)
+        ],
+        "step_seconds": sum(r["step_sum"] for r in rounds) / steps if steps else None,
+    }
+
+
+def sweep_workload(
+    python: Path, models: dict[str, str], name: str, ks: list[int], *, log_dir: Path, opts: Any
+) -> dict[int, dict[str, Any]]:
+    """Each k beside the default k's engine, in alternating rounds; tokens/s relative to it.
+
+    The default k's engine stays up the whole sweep; each other k's engine starts beside it and
+    the two take turns, strictly alternating (--rounds rounds each), so every round follows a
+    round of the other engine: an engine measured twice in a row runs at another speed than
+    one just switched to (docs/autotune.md). A k's tokens/s is the median of its rounds'
+    ratios to the default's round just before, times the default's median round: a drift in
+    the machine's load falls on both sides of a ratio alike.
+    """
+    draft = WORKLOADS[name]
+    anchor = start_k(python, models, draft, DEFAULT_K, log_dir)
+    anchor_rounds: list[dict[str, Any]] = []
+    found: dict[int, tuple[float, list[dict[str, Any]], list[float]]] = {}
+    try:
+        for k in (k for k in ks if k != DEFAULT_K):
+            other = start_k(python, models, draft, k, log_dir)
+            rounds: list[dict[str, Any]] = []
+            ratios: list[float] = []
+            try:
+                for index in range(opts.rounds):
+                    theirs = run_round(anchor.server, opts)
+                    mine = run_round(other.server, opts)
+                    rounds.append(mine)
+                    anchor_rounds.append(theirs)
+                    ratios.append(mine["tokens_per_s"] / theirs["tokens_per_s"])
+                    print(
+                        f"{name} k={k} round {index + 1}: {mine['tokens_per_s']:.1f} tokens/s, "
+                        f"k={DEFAULT_K} {theirs['tokens_per_s']:.1f}",
+                        file=sys.stderr,
+                    )
+            finally:
+                other.server.stop()
+            found[k] = (other.startup_s, rounds, ratios)
+    finally:
+        anchor.server.stop()
+    default_tps = statistics.median(r["tokens_per_s"] for r in anchor_rounds)
+    sweep = {DEFAULT_K: summarise_k(DEFAULT_K, anchor.startup_s, anchor_rounds, default_tps)}
+    for k, (startup, rounds, ratios) in found.items():
+        sweep[k] = summarise_k(k, startup, rounds, statistics.median(ratios) * default_tps)
+        sweep[k]["vs_default_k_rounds"] = [round(r, 3) for r in ratios]
+    return {k: sweep[k] for k in sorted(sweep)}
+
+
+def head_to_head(
+    python: Path,
+    models: dict[str, str],
+    name: str,
+    ks: tuple[int, int],
+    *,
+    log_dir: Path,
+    opts: Any,
+) -> dict[str, Any]:
+    """The operator's k against the sweep's best, side by side in --confirm-rounds rounds.
+
+    The sweep's best is the largest of eight noisy figures, so it is biased upwards; measured
+    again directly against the operator's choice (strictly alternating rounds), the median
+    ratio says how the two compare without that bias.
+    """
+    chosen, best = ks
+    draft = WORKLOADS[name]
+    first = start_k(python, models, draft, chosen, log_dir)
+    ratios: list[float] = []
+    try:
+        second = start_k(python, models, draft, best, log_dir)
+        try:
+            for index in range(opts.confirm_rounds):
+                mine = run_round(first.server, opts)
+                theirs = run_round(second.server, opts)
+                ratios.append(mine["tokens_per_s"] / theirs["tokens_per_s"])
+                print(
+                    f"{name} head to head round {index + 1}: k={chosen} "
+                    f"{mine['tokens_per_s']:.1f} tokens/s, k={best} {theirs['tokens_per_s']:.1f}",
+                    file=sys.stderr,
+                )
+        finally:
+            second.server.stop()
+    finally:
+        first.server.stop()
+    return {
+        "operator_k": chosen,
+        "oracle_k": best,
+        "ratios": [round(r, 3) for r in ratios],
+        "ratio": round(statistics.median(ratios), 3),
     }
 
 
@@ -251,17 +397,36 @@ def plot(report: dict[str, Any], out: Path) -> None:
     figure.savefig(out, dpi=110)
 
 
+def best_k(sweep: dict[int, dict[str, Any]]) -> int:
+    best: int = max(sweep.values(), key=lambda r: float(r["output_tokens_per_s"]))["k"]
+    return best
+
+
 def summarise(
-    raw: dict[str, dict[int, dict[str, Any]]], opts: Any, meta: dict[str, Any]
+    raw: dict[str, dict[int, dict[str, Any]]],
+    opts: Any,
+    meta: dict[str, Any],
+    confirmations: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
-    """The report from raw sweep figures: pure, so --from-json recomputes it without engines."""
+    """The report from raw sweep figures: pure, so --from-json recomputes it without engines.
+
+    operator_vs_oracle is the head-to-head ratio when the operator's k and the sweep's best
+    were measured side by side (and are still the two compared), else the sweep's ratio.
+    """
     workloads: dict[str, Any] = {}
     for name, sweep in raw.items():
         if DEFAULT_K not in sweep:
             raise SystemExit(f"{name}: the sweep has no k={DEFAULT_K} (the default) to start from")
-        best = max(sweep.values(), key=lambda r: float(r["output_tokens_per_s"]))
+        best = sweep[best_k(sweep)]
         choice = operator_choice(sweep, opts)
         chosen_tps = sweep[choice["chosen"]]["output_tokens_per_s"]
+        from_sweep = round(chosen_tps / best["output_tokens_per_s"], 3)
+        confirmed = confirmations.get(name)
+        if confirmed and (confirmed["operator_k"], confirmed["oracle_k"]) != (
+            choice["chosen"],
+            best["k"],
+        ):
+            confirmed = None  # a recompute that compares other k
         workloads[name] = {
             "draft": WORKLOADS[name],
             "sweep": [sweep[k] for k in sorted(sweep)],
@@ -270,25 +435,34 @@ def summarise(
             "default_k_tokens_per_s": sweep[DEFAULT_K]["output_tokens_per_s"],
             "operator": choice,
             "operator_tokens_per_s": chosen_tps,
-            "operator_vs_oracle": round(chosen_tps / best["output_tokens_per_s"], 3),
+            "operator_vs_oracle": confirmed["ratio"] if confirmed else from_sweep,
+            "operator_vs_oracle_sweep": from_sweep,
+            "head_to_head": confirmed,
             "operator_vs_default_k": round(chosen_tps / sweep[DEFAULT_K]["output_tokens_per_s"], 3),
         }
     return {
-        "what": "tiny Llama target on the vLLM CPU engine, greedy; one engine per k; the "
+        "what": "tiny Llama target on the vLLM CPU engine, greedy; one engine per k, each beside "
+        "the k=5 engine in alternating rounds (tokens/s: the median ratio to k=5's round, times "
+        "k=5's median round); the "
         "operator's choice is plan.autotune's, starting from k=5 and following its own "
         "recommendations through the sweep's measurements",
         "concurrency": meta["concurrency"],
-        "requests_per_k": meta["requests_per_k"],
+        "requests_per_round": meta.get("requests_per_round"),
+        "rounds": meta.get("rounds"),
+        "confirm_rounds": meta.get("confirm_rounds"),
         "max_tokens": meta["max_tokens"],
         "min_gain": opts.min_gain,
         "machine": meta["machine"],
         "date": meta["date"],
         "recomputed": meta.get("recomputed"),
+        "confirmed": meta.get("confirmed"),
         "workloads": workloads,
     }
 
 
-def load_raw(path: Path) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, Any]]:
+def load_raw(
+    path: Path,
+) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, dict[str, Any]], dict[str, Any]]:
     """The raw sweep of an earlier run: an autotune.json or its .raw.json written as it ran."""
     try:
         data = json.loads(path.read_text())
@@ -297,10 +471,24 @@ def load_raw(path: Path) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str
     if "workloads" not in data:
         raise SystemExit(f"--from-json {path}: no 'workloads' (not a bench-autotune result)")
     raw: dict[str, dict[int, dict[str, Any]]] = {}
+    confirmations: dict[str, dict[str, Any]] = dict(data.get("confirmations") or {})
     for name, w in data["workloads"].items():
         runs = w["sweep"] if isinstance(w, dict) and "sweep" in w else w
         raw[name] = {int(r["k"]): r for r in runs}
-    return raw, data
+        if isinstance(w, dict) and w.get("head_to_head"):
+            confirmations[name] = w["head_to_head"]
+    return raw, confirmations, data
+
+
+def save_raw(
+    path: Path,
+    meta: dict[str, Any],
+    raw: dict[str, dict[int, dict[str, Any]]],
+    confirmations: dict[str, dict[str, Any]],
+) -> None:
+    saved = {name: list(sweep.values()) for name, sweep in raw.items()}
+    body = meta | {"workloads": saved, "confirmations": confirmations}
+    path.write_text(json.dumps(body, indent=2) + "\n")
 
 
 def main() -> int:
@@ -308,8 +496,17 @@ def main() -> int:
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "autotune.json"))
     parser.add_argument("--ks", default="1,2,3,4,5,6,7,8")
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=96)
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--requests", type=int, default=16, help="completions per round")
+    parser.add_argument(
+        "--rounds", type=int, default=6, help="alternating rounds of each k beside the default k"
+    )
+    parser.add_argument(
+        "--confirm-rounds",
+        type=int,
+        default=10,
+        help="rounds of the operator's k against the sweep's best when they differ (0: none)",
+    )
+    parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--min-gain", type=float, default=0.05)
     parser.add_argument("--min-draft-tokens", type=int, default=200)
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="a subset, to try it")
@@ -321,14 +518,29 @@ def main() -> int:
         help="recompute the operator's choice from the raw sweep saved by an earlier run "
         "(autotune.json or autotune.raw.json); starts no engine",
     )
+    parser.add_argument(
+        "--confirm-again",
+        action="store_true",
+        help="with --from-json: measure the operator's k against the sweep's best side by side "
+        "again (starts two engines per workload where they differ)",
+    )
     opts = parser.parse_args()
+    if opts.confirm_again and not opts.from_json:
+        parser.error("--confirm-again needs --from-json (the sweep whose k it compares)")
     out = Path(opts.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     if opts.from_json:
-        raw, old = load_raw(Path(opts.from_json))
+        raw, confirmations, old = load_raw(Path(opts.from_json))
         meta: dict[str, Any] = {
-            key: old.get(key) for key in ("concurrency", "requests_per_k", "max_tokens")
+            key: old.get(key)
+            for key in (
+                "concurrency",
+                "requests_per_round",
+                "rounds",
+                "confirm_rounds",
+                "max_tokens",
+            )
         }
         measured_on = dict(old.get("machine") or {})
         meta["date"] = old.get("date") or measured_on.get("date")
@@ -337,13 +549,32 @@ def main() -> int:
         meta["machine"] = {**machine(), **measured_on}  # where the sweep ran, not the recompute
         meta["recomputed"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         opts.concurrency = int(meta["concurrency"] or opts.concurrency)
+        if opts.confirm_again:
+            # The same rounds as the sweep's, so the two compare.
+            opts.requests = int(meta["requests_per_round"] or opts.requests)
+            opts.max_tokens = int(meta["max_tokens"] or opts.max_tokens)
+            meta["confirm_rounds"] = opts.confirm_rounds
+            meta["confirmed"] = meta["recomputed"]
+            python = engine_python_path()
+            models = build_tiny_models(python)
+            log_dir = Path(tempfile.mkdtemp(prefix="bench-autotune-"))
+            for name, sweep in raw.items():
+                pair = (operator_choice(sweep, opts)["chosen"], best_k(sweep))
+                confirmations.pop(name, None)
+                if pair[0] != pair[1]:
+                    confirmations[name] = head_to_head(
+                        python, models, name, pair, log_dir=log_dir, opts=opts
+                    )
+            save_raw(out.with_suffix(".raw.json"), meta, raw, confirmations)
     else:
         ks = [int(k) for k in opts.ks.split(",")]
         if DEFAULT_K not in ks:
             parser.error(f"the sweep must include the default k={DEFAULT_K}")
         meta = {
             "concurrency": opts.concurrency,
-            "requests_per_k": opts.requests,
+            "requests_per_round": opts.requests,
+            "rounds": opts.rounds,
+            "confirm_rounds": opts.confirm_rounds,
             "max_tokens": opts.max_tokens,
             "machine": machine(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -353,16 +584,20 @@ def main() -> int:
         log_dir = Path(tempfile.mkdtemp(prefix="bench-autotune-"))
         raw_path = out.with_suffix(".raw.json")
         raw = {}
+        confirmations = {}
         for name in opts.workloads.split(","):
-            raw[name] = {}
+            raw[name] = sweep_workload(python, models, name, ks, log_dir=log_dir, opts=opts)
             for k in ks:
-                raw[name][k] = run_k(python, models, WORKLOADS[name], k, log_dir=log_dir, opts=opts)
                 print(f"{name} k={k}: {json.dumps(raw[name][k])}", file=sys.stderr)
-                # Every measurement as soon as it is taken: a failure later loses nothing.
-                saved = {n: list(s.values()) for n, s in raw.items()}
-                raw_path.write_text(json.dumps(meta | {"workloads": saved}, indent=2) + "\n")
+            save_raw(raw_path, meta, raw, confirmations)  # a failure later loses nothing
+            pair = (operator_choice(raw[name], opts)["chosen"], best_k(raw[name]))
+            if pair[0] != pair[1] and opts.confirm_rounds:
+                confirmations[name] = head_to_head(
+                    python, models, name, pair, log_dir=log_dir, opts=opts
+                )
+                save_raw(raw_path, meta, raw, confirmations)
 
-    report = summarise(raw, opts, meta)
+    report = summarise(raw, opts, meta, confirmations)
     workloads = report["workloads"]
     out.write_text(json.dumps(report, indent=2) + "\n")
     plot(report, out.with_suffix(".png"))

@@ -199,11 +199,20 @@ def autotune_rows(tune: dict[str, Any] | None) -> list[tuple[str, str, str, str,
             f"k={chosen} {w['operator_tokens_per_s']} tokens/s; oracle k={w['oracle_best_k']} "
             f"{w['oracle_best_tokens_per_s']}; k=5 {w['default_k_tokens_per_s']}"
         )
+        confirmed = w.get("head_to_head")
+        oracle_context = context
+        if confirmed:
+            oracle_context = (
+                f"head to head, k={confirmed['operator_k']} against k={confirmed['oracle_k']}: "
+                f"median of {len(confirmed['ratios'])} paired rounds "
+                f"(spread {min(confirmed['ratios'])} to {max(confirmed['ratios'])}); in the sweep "
+                f"{w['operator_vs_oracle_sweep']} ({context})"
+            )
         rows.append(
             (
                 f"P4 autotune {name}, vs oracle",
                 f"ratio {w['operator_vs_oracle']}",
-                context,
+                oracle_context,
                 "≥ 0.95",
                 verdict(w["operator_vs_oracle"], 0.95, higher_is_better=True),
             )
@@ -250,15 +259,28 @@ def autotune_section(tune: dict[str, Any] | None) -> str:
             for r in w["sweep"]
         ]
         path = " → ".join(str(step["served"]) for step in w["operator"]["path"])
+        confirmed = w.get("head_to_head")
+        checked = (
+            f" Measured again side by side, k={confirmed['operator_k']} against the sweep's "
+            f"best k={confirmed['oracle_k']}: ratio {confirmed['ratio']} (median of the rounds "
+            f"{', '.join(str(r) for r in confirmed['ratios'])})."
+            if confirmed
+            else ""
+        )
         parts.append(
             f"**{name}** (draft `{w['draft']}`): the operator went k {path} "
-            f"→ {w['operator']['chosen']}.\n\n"
+            f"→ {w['operator']['chosen']}.{checked}\n\n"
             + table(["k", "output tokens/s", "step (ms)", "acceptance by position", ""], rows)
         )
     if tune.get("recomputed"):
         parts.append(
             f"The operator's choice was recomputed on {tune['recomputed']} from the sweep "
-            f"measured on {tune.get('date')} (`hack/bench-autotune.py --from-json`)."
+            f"measured on {tune.get('date')} (`hack/bench-autotune.py --from-json`)"
+            + (
+                ", and the head-to-head rounds measured again then (`--confirm-again`)."
+                if tune.get("confirmed")
+                else "."
+            )
         )
     return "\n\n".join(parts)
 
@@ -456,9 +478,9 @@ LIMITS = {
     "P4 autotune": (
         "the operator's model predicts from one window at the served k and the step times of "
         "the lengths it served, and keeps its k unless another is predicted minGain faster; "
-        "each k of the sweep is a separate engine run on a shared machine whose load changes "
-        "between runs, so the oracle's tokens/s (and the step times the model reads) carry that "
-        "noise: compare the step times by k in the report"
+        "the sweep's tokens/s are ratios to k=5 over a few paired rounds on a shared 2-core "
+        "machine whose rounds of the same k differ by up to twofold, so its best is partly "
+        "noise (the head-to-head ratio, when there is one, measures the two k directly)"
     ),
     "P4 engine pass-through": (
         "the operator adds nothing in the data path (the launcher execs vLLM with the same "
