@@ -202,6 +202,29 @@ def summarise_k(
     }
 
 
+def alternate(
+    name: str,
+    first: tuple[int, Started],
+    second: tuple[int, Started],
+    rounds: int,
+    opts: Any,
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Rounds of two engines, strictly alternating: (first's round, second's round) each."""
+    pairs = []
+    for index in range(rounds):
+        pair = (run_round(first[1].server, opts), run_round(second[1].server, opts))
+        pairs.append(pair)
+        print(
+            f"{name} round {index + 1}: "
+            + ", ".join(
+                f"k={k} {r['tokens_per_s']:.1f} tokens/s"
+                for k, r in ((first[0], pair[0]), (second[0], pair[1]))
+            ),
+            file=sys.stderr,
+        )
+    return pairs
+
+
 def sweep_workload(
     python: Path, models: dict[str, str], name: str, ks: list[int], *, log_dir: Path, opts: Any
 ) -> dict[int, dict[str, Any]]:
@@ -221,22 +244,13 @@ def sweep_workload(
     try:
         for k in (k for k in ks if k != DEFAULT_K):
             other = start_k(python, models, draft, k, log_dir)
-            rounds: list[dict[str, Any]] = []
-            ratios: list[float] = []
             try:
-                for index in range(opts.rounds):
-                    theirs = run_round(anchor.server, opts)
-                    mine = run_round(other.server, opts)
-                    rounds.append(mine)
-                    anchor_rounds.append(theirs)
-                    ratios.append(mine["tokens_per_s"] / theirs["tokens_per_s"])
-                    print(
-                        f"{name} k={k} round {index + 1}: {mine['tokens_per_s']:.1f} tokens/s, "
-                        f"k={DEFAULT_K} {theirs['tokens_per_s']:.1f}",
-                        file=sys.stderr,
-                    )
+                pairs = alternate(name, (DEFAULT_K, anchor), (k, other), opts.rounds, opts)
             finally:
                 other.server.stop()
+            anchor_rounds += [theirs for theirs, _ in pairs]
+            rounds = [mine for _, mine in pairs]
+            ratios = [mine["tokens_per_s"] / theirs["tokens_per_s"] for theirs, mine in pairs]
             found[k] = (other.startup_s, rounds, ratios)
     finally:
         anchor.server.stop()
@@ -266,23 +280,15 @@ def head_to_head(
     chosen, best = ks
     draft = WORKLOADS[name]
     first = start_k(python, models, draft, chosen, log_dir)
-    ratios: list[float] = []
     try:
         second = start_k(python, models, draft, best, log_dir)
         try:
-            for index in range(opts.confirm_rounds):
-                mine = run_round(first.server, opts)
-                theirs = run_round(second.server, opts)
-                ratios.append(mine["tokens_per_s"] / theirs["tokens_per_s"])
-                print(
-                    f"{name} head to head round {index + 1}: k={chosen} "
-                    f"{mine['tokens_per_s']:.1f} tokens/s, k={best} {theirs['tokens_per_s']:.1f}",
-                    file=sys.stderr,
-                )
+            pairs = alternate(name, (chosen, first), (best, second), opts.confirm_rounds, opts)
         finally:
             second.server.stop()
     finally:
         first.server.stop()
+    ratios = [mine["tokens_per_s"] / theirs["tokens_per_s"] for mine, theirs in pairs]
     return {
         "operator_k": chosen,
         "oracle_k": best,
