@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from specdeploy.api.config import AnalysisSettings
@@ -128,7 +130,7 @@ STABLE_K3 = Measurement(
     acceptance_rate=0.80,
     mean_acceptance_length=3.4,
     draft_tokens=6000,
-    inter_token_latency_p50=0.020,
+    step_seconds=0.020,
 )
 
 
@@ -138,7 +140,7 @@ def _k6(step_seconds: float, acceptance: float = 0.65) -> Measurement:
         acceptance_rate=acceptance,
         mean_acceptance_length=4.9,
         draft_tokens=6000,
-        inter_token_latency_p50=step_seconds,
+        step_seconds=step_seconds,
     )
 
 
@@ -168,6 +170,18 @@ def test_a_tuned_k_within_the_tolerance_passes_and_just_beyond_it_fails() -> Non
     verdict = judge_interval(_k6(0.0321), STABLE_K3, True, looser, tuned=True)
     assert verdict.result == Result.FAIL
     assert verdict.message.endswith("more than 10% slower")
+
+
+def test_a_tuned_k_is_judged_by_its_mean_step_time_not_the_bucketed_median() -> None:
+    # vLLM's first inter-token latency bucket ends at 10 ms: two engines whose steps all take
+    # under 10 ms get the same interpolated p50 (5 ms), whatever their real step times. The mean
+    # (histogram sum over count) tells them apart: the k=6 at 32 ms a step is 153.1 tokens/s
+    # against the stable's 170, and fails although its median equals the stable's.
+    canary = replace(_k6(0.032), inter_token_latency_p50=0.005)
+    stable = replace(STABLE_K3, inter_token_latency_p50=0.005)
+    verdict = judge_interval(canary, stable, True, CRITERIA, tuned=True)
+    assert verdict.result == Result.FAIL
+    assert "153.1 tokens/s per sequence vs the stable's 170.0" in verdict.message
 
 
 def test_a_tuned_k_keeps_the_acceptance_floor() -> None:

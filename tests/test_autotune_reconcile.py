@@ -112,13 +112,13 @@ def test_apply_rolls_a_tuned_revision_through_the_canary_and_promotes_it() -> No
             acceptance_rate=0.80,
             mean_acceptance_length=3.4,
             draft_tokens=6000,
-            inter_token_latency_p50=0.020,
+            step_seconds=0.020,
         ),
         canary: Measurement(
             acceptance_rate=0.68,
             mean_acceptance_length=4.4,
             draft_tokens=6000,
-            inter_token_latency_p50=0.023,
+            step_seconds=0.023,
         ),
     }
     world.step(10)
@@ -153,10 +153,10 @@ def test_a_tuned_revision_the_canary_rejects_is_rolled_back_and_not_retried() ->
         acceptance_rate=0.8,
         mean_acceptance_length=3.2,
         draft_tokens=2412,
-        inter_token_latency_p50=0.05,
+        step_seconds=0.05,
     )
     world.measured = {
-        stable: Measurement(**{**GOOD.__dict__, "inter_token_latency_p50": 0.02}),
+        stable: Measurement(**{**GOOD.__dict__, "step_seconds": 0.02}),
         canary: slow,
     }
     world.tuning_measured[canary] = AutotuneMeasurement(
@@ -226,7 +226,7 @@ def test_a_recommended_schedule_is_rolled_out_as_a_revision_and_promoted_with_it
     assert world.reasons().count("TunedRevisionRolledOut") == 1
 
     # Judged by throughput, as any tuned revision: 4.0 tokens a 20 ms step against 3.4.
-    fast = Measurement(**{**GOOD.__dict__, "inter_token_latency_p50": 0.020})
+    fast = Measurement(**{**GOOD.__dict__, "step_seconds": 0.020})
     world.measured = {
         stable: Measurement(**{**fast.__dict__, "mean_acceptance_length": 3.4}),
         canary: Measurement(**{**fast.__dict__, "mean_acceptance_length": 4.0}),

@@ -26,6 +26,8 @@ class FakePrometheus(BaseHTTPRequestHandler):
             value = "2.5"
         elif query.startswith("sum(increase"):
             value = "4200"
+        elif "inter_token_latency_seconds_sum" in query:
+            value = "0.031"
         elif "inter_token_latency" in query:
             value = "0.025"
         elif "time_to_first_token" in query:
@@ -67,6 +69,13 @@ def test_queries_select_the_revision_by_namespace_and_label() -> None:
         "histogram_quantile(0.5, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket"
         '{namespace="serving",specdeploy_dev_revision="abc123"}[5m])))'
     )
+    # The mean step time, exact where the p50 is interpolated inside a bucket.
+    assert queries["step_seconds"] == (
+        'sum(rate(vllm:inter_token_latency_seconds_sum{namespace="serving",'
+        'specdeploy_dev_revision="abc123"}[5m])) / '
+        'sum(rate(vllm:inter_token_latency_seconds_count{namespace="serving",'
+        'specdeploy_dev_revision="abc123"}[5m]))'
+    )
 
 
 def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:
@@ -76,6 +85,7 @@ def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:
     assert measured.mean_acceptance_length == pytest.approx(2.5)
     assert measured.draft_tokens == pytest.approx(4200)
     assert measured.inter_token_latency_p50 == pytest.approx(0.025)
+    assert measured.step_seconds == pytest.approx(0.031)
     assert measured.time_to_first_token_p50 is None
 
 

@@ -60,6 +60,7 @@ def measurement_queries(namespace: str, revision: str, window: str) -> dict[str,
         "mean_acceptance_length": f"1 + {rate(ACCEPTED_TOKENS)} / {rate(DRAFTS)}",
         "draft_tokens": f"sum(increase({DRAFT_TOKENS}{selector}[{window}]))",
         "inter_token_latency_p50": median(INTER_TOKEN_LATENCY),
+        "step_seconds": f"{rate(INTER_TOKEN_LATENCY_SUM)} / {rate(INTER_TOKEN_LATENCY_COUNT)}",
         "time_to_first_token_p50": median(TIME_TO_FIRST_TOKEN),
     }
 
@@ -140,6 +141,7 @@ class PrometheusReader:
             mean_acceptance_length=found["mean_acceptance_length"],
             draft_tokens=found["draft_tokens"] or 0.0,
             inter_token_latency_p50=found["inter_token_latency_p50"],
+            step_seconds=found["step_seconds"],
             time_to_first_token_p50=found["time_to_first_token_p50"],
         )
 

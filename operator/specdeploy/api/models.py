@@ -847,6 +847,13 @@ class Verdict(ApiModel):
     inter_token_latency_seconds: float | None = Field(
         default=None, description="Median inter-token latency in the window."
     )
+    step_seconds: float | None = Field(
+        default=None,
+        description=(
+            "Mean inter-token latency in the window: the decode step time, by which a tuned "
+            "canary's tokens per second are judged."
+        ),
+    )
     result: VerdictResult = Field(description="Pass, Fail or Inconclusive.")
     message: str = Field(default="", description="Why.")
 

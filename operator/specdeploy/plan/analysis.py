@@ -12,8 +12,11 @@ Conventions (docs/operator.md compares them with Argo Rollouts' and Flagger's):
 - A tuned canary (its only change from the stable is the length the autotuner chose) is judged
   by throughput, not acceptance: a longer k lowers the acceptance rate even when it emits more
   tokens per second. minAcceptanceRate stays its floor; then it fails when its tokens per step
-  over its step time (mean acceptance length / inter-token latency p50) is more than
-  `maxThroughputDrop` (0.02) below the stable's, and is Inconclusive without both figures.
+  over its mean step time (mean acceptance length / mean inter-token latency) is more than
+  `maxThroughputDrop` (0.02) below the stable's, and is Inconclusive without both figures. The
+  mean (the histogram's sum over its count), not the p50: it is exact where a quantile is
+  interpolated inside vLLM's buckets (the first ends at 10 ms, the next at 25 ms), and tokens
+  over time is what a sequence gets, stalls included.
 - The canary is rolled back when its failed verdicts reach `failureLimit` (">=", counted over
   the whole canary run, as Flagger counts; Argo Rollouts' `failureLimit` is "more than", so our
   2 is their 1). It is promoted after `promoteAfter` passing verdicts in a row. On Inconclusive,
@@ -62,6 +65,9 @@ class Measurement:
     draft_tokens: float = 0.0
     #: Median inter-token latency (seconds); None without traffic.
     inter_token_latency_p50: float | None = None
+    #: Mean inter-token latency (seconds): vLLM observes it once per decode step of each
+    #: sequence, so it is the mean step time. None without traffic.
+    step_seconds: float | None = None
     time_to_first_token_p50: float | None = None
     #: Set when the query failed (Prometheus unreachable, a bad answer).
     error: str | None = None
@@ -79,9 +85,9 @@ def _figure(value: float | None) -> str:
 
 def tokens_per_second(measured: Measurement) -> float | None:
     """Tokens one sequence gets per second: tokens per step (mean acceptance length, which
-    counts the target's own token) over the step time (vLLM observes the inter-token latency
-    once per step). None without either figure."""
-    length, step = measured.mean_acceptance_length, measured.inter_token_latency_p50
+    counts the target's own token) over the mean step time (vLLM observes the inter-token
+    latency once per step). None without either figure."""
+    length, step = measured.mean_acceptance_length, measured.step_seconds
     if length is None or step is None or step <= 0:
         return None
     return length / step
@@ -96,8 +102,8 @@ def _judge_throughput(
         missing = "the canary's" if mine is None else "the stable's"
         return IntervalVerdict(
             Result.INCONCLUSIVE,
-            f"tuned revision: {missing} tokens per second (acceptance length / inter-token "
-            "latency) were not measured",
+            f"tuned revision: {missing} tokens per second (acceptance length / mean step "
+            "time) were not measured",
         )
     change = mine / theirs - 1
     figures = f"{mine:.1f} tokens/s per sequence vs the stable's {theirs:.1f} ({change:+.1%})"

@@ -309,6 +309,7 @@ def _verdict_record(seen: ObservedRollout, now: str) -> Verdict | None:
         mean_acceptance_length=_rounded(measured.mean_acceptance_length),
         draft_tokens=int(measured.draft_tokens),
         inter_token_latency_seconds=_rounded(measured.inter_token_latency_p50, 4),
+        step_seconds=_rounded(measured.step_seconds, 5),
         result=judged.result.value,
         message=judged.message,
     )
