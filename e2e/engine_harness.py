@@ -3,6 +3,9 @@
 Reusable by any e2e module: import the fixtures (`engine_python`, `tiny_models`, `engine_pool`)
 into the test module, or use the plain functions. Engines listen on 127.0.0.1 on free ports and
 are stopped by PID (and their own process group, which only they are in) when the pool closes.
+Each engine is pinned to a CPU of its own while there are CPUs to go round: vLLM's CPU worker
+busy-polls for a second after every step, so two engines sharing every core starve each other
+(docs/testbed.md has the figures).
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from testbed.process_children import CpuAllocator
 
 REPO = Path(__file__).resolve().parent.parent
 OPERATOR_SRC = REPO / "operator"
@@ -41,6 +47,8 @@ ENGINE_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 START_TIMEOUT_S = float(os.environ.get("SPECDEPLOY_ENGINE_START_TIMEOUT", "420"))
+#: The CPUs engines started here are pinned to, one each, the least taken first.
+ENGINE_CPUS = CpuAllocator()
 
 
 def engine_python_path() -> Path:
@@ -166,6 +174,8 @@ class EngineServer:
     started_at: float
     ready_after_s: float | None = None
     served_name: str = "tiny"
+    #: The CPU the engine is pinned to (None: not pinned); given back when it stops.
+    cpu: int | None = None
 
     @property
     def url(self) -> str:
@@ -221,6 +231,8 @@ class EngineServer:
         # vLLM's engine-core child shares the group; make sure none outlives the test.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
+        ENGINE_CPUS.give_back(self.cpu)
+        self.cpu = None
 
 
 def start_engine(
@@ -233,20 +245,30 @@ def start_engine(
     port: int | None = None,
     served_name: str = "tiny",
 ) -> EngineServer:
-    """Start the launcher with these vLLM arguments (not waiting for readiness)."""
+    """Start the launcher with these vLLM arguments (not waiting for readiness), pinned to a
+    CPU of its own while there are CPUs to go round (`ENGINE_CPUS`)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     term = log_dir / f"{name}.termination-log"
     full_env = engine_env({"SPECDEPLOY_TERMINATION_LOG": str(term), **(env or {})})
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [str(python), "-m", "specdeploy.engine", "serve", "--", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            start_new_session=True,
-        )
-    return EngineServer(name, port or 0, process, log, time.monotonic(), served_name=served_name)
+    cpu = ENGINE_CPUS.take()
+    try:
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                [str(python), "-m", "specdeploy.engine", "serve", "--", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+                # Before exec, so vLLM's processes and threads all inherit it.
+                preexec_fn=None if cpu is None else partial(os.sched_setaffinity, 0, {cpu}),  # noqa: PLW1509
+            )
+    except BaseException:
+        ENGINE_CPUS.give_back(cpu)
+        raise
+    return EngineServer(
+        name, port or 0, process, log, time.monotonic(), served_name=served_name, cpu=cpu
+    )
 
 
 @dataclass

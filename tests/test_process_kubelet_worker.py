@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from testbed.process_children import PidLedger, read_identity, spawn_child
+from testbed.process_children import CpuAllocator, PidLedger, read_identity, spawn_child
 from testbed.process_kubelet import (
     PodGoneError,
     PodMonitors,
@@ -394,3 +394,62 @@ def test_targets_follow_pod_monitors_as_they_come_and_go(tmp_path: Path) -> None
         instance.stopping.set()
         instance.stop()
         watcher.join(timeout=10)
+
+
+def test_the_cpu_allocator_gives_the_least_taken_cpu_and_none_on_one_cpu() -> None:
+    cpus = CpuAllocator({0, 1, 2})
+    assert [cpus.take(), cpus.take(), cpus.take(), cpus.take()] == [0, 1, 2, 0]
+    cpus.give_back(1)
+    assert cpus.taken() == {0: 2, 1: 0, 2: 1}
+    assert cpus.take() == 1
+    cpus.give_back(None)  # an unpinned process ended
+    cpus.give_back(7)  # not ours
+    assert cpus.taken() == {0: 2, 1: 1, 2: 1}
+    # With one CPU there is nothing to spread over: nobody is pinned.
+    single = CpuAllocator({0})
+    assert single.take() is None
+    assert single.taken() == {}
+
+
+def _allowed_cpus(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(
+        line.split()[1] for line in status.splitlines() if line.startswith("Cpus_allowed_list")
+    )
+
+
+def test_each_container_runs_on_a_cpu_of_its_own_and_frees_it_when_it_ends(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    instance, api, _ = kubelet
+    machine = sorted(os.sched_getaffinity(0))
+    sleeper = {
+        "name": "engine",
+        "image": "none",
+        "command": [sys.executable, "-c", "import time; time.sleep(120)"],
+    }
+
+    def started(name: str) -> int:
+        status = wait_for(lambda: (s := api.status_of(name)).get("phase") == "Running" and s)
+        return int(status["containerStatuses"][0]["containerID"].removeprefix("process://"))
+
+    instance.observe("ADDED", api.add(local_pod("first", dict(sleeper))))
+    first = started("first")
+    instance.observe("ADDED", api.add(local_pod("second", dict(sleeper))))
+    second = started("second")
+    if len(machine) < 2:  # nothing to spread over: both run anywhere
+        assert _allowed_cpus(first) == _allowed_cpus(second) == _allowed_cpus(os.getpid())
+        return
+    # Each process, and what it starts, is held to one CPU, a different one each.
+    assert {_allowed_cpus(first), _allowed_cpus(second)} == {str(machine[0]), str(machine[1])}
+    assert instance.cpus.taken()[machine[0]] == instance.cpus.taken()[machine[1]] == 1
+
+    # The first pod's CPU is free again once it is deleted; the next container gets it.
+    deleting = api.read_pod("team-a", "first")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    deleting["metadata"]["deletionGracePeriodSeconds"] = 1
+    instance.observe("MODIFIED", deleting)
+    wait_for(lambda: "first" in api.deleted)
+    assert instance.cpus.taken()[machine[0]] == 0
+    instance.observe("ADDED", api.add(local_pod("third", dict(sleeper))))
+    assert _allowed_cpus(started("third")) == str(machine[0])

@@ -6,6 +6,11 @@ the container: stopping a container signals the whole group), and gets PR_SET_PD
 kernel kills it when the process kubelet dies, however it dies. Each child is also recorded in
 `<run dir>/pids/<pid>.json` with its start time and command line; a later instance kills
 children a crashed instance left behind, and nothing else.
+
+Each child is pinned to one CPU of its own while there are CPUs to go round (`CpuAllocator`),
+as kubelet's static CPU manager policy gives a pod exclusive CPUs: vLLM's CPU worker
+busy-polls for a second after every step, so two engines sharing every core take turns
+starving each other (on 2 cores, 5x slower steps, docs/testbed.md).
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,15 +39,50 @@ _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
 _prctl.restype = ctypes.c_int
 
 
-def _die_with(parent_pid: int) -> Callable[[], None]:
+def _die_with(parent_pid: int, cpu: int | None = None) -> Callable[[], None]:
     def preexec() -> None:
         # PR_SET_PDEATHSIG fires when the *thread* that forked exits; the pod workers that
         # spawn children live as long as their children (see process_kubelet.PodWorker).
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os.kill(os.getpid(), signal.SIGKILL)
+        if cpu is not None:  # before exec, so every process and thread of the child has it
+            os.sched_setaffinity(0, {cpu})
 
     return preexec
+
+
+class CpuAllocator:
+    """One CPU per process, the least taken first; none on a machine of one CPU.
+
+    A process pinned here runs on its CPU only; the rest of the machine (the control plane, the
+    tests) runs anywhere. With more processes than CPUs, CPUs are shared, the fewest first.
+    """
+
+    def __init__(self, cpus: Collection[int] | None = None) -> None:
+        found = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+        self._taken = {cpu: 0 for cpu in found} if len(found) > 1 else {}
+        self._lock = threading.Lock()
+
+    def take(self) -> int | None:
+        """A CPU for a new process (None: do not pin)."""
+        with self._lock:
+            if not self._taken:
+                return None
+            cpu = min(self._taken, key=lambda c: (self._taken[c], c))
+            self._taken[cpu] += 1
+            return cpu
+
+    def give_back(self, cpu: int | None) -> None:
+        """The process pinned to `cpu` ended."""
+        with self._lock:
+            if cpu in self._taken and self._taken[cpu] > 0:
+                self._taken[cpu] -= 1
+
+    def taken(self) -> dict[int, int]:
+        """Processes pinned per CPU."""
+        with self._lock:
+            return dict(self._taken)
 
 
 @dataclass(frozen=True)
@@ -180,6 +221,8 @@ class Child:
     popen: subprocess.Popen[bytes]
     argv: list[str]
     started_monotonic: float
+    #: The CPU it is pinned to (None: not pinned).
+    cpu: int | None = None
 
     @property
     def pid(self) -> int:
@@ -194,8 +237,10 @@ def spawn_child(
     log_path: Path,
     ledger: PidLedger,
     owner: str,
+    cpu: int | None = None,
 ) -> Child:
-    """Start a container process: own session, dies with us, output appended to `log_path`.
+    """Start a container process: own session, dies with us, output appended to `log_path`,
+    pinned to `cpu` when one is given.
 
     Raises OSError when the program cannot be started (not found, not executable).
     """
@@ -208,12 +253,12 @@ def spawn_child(
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with(os.getpid()),  # noqa: PLW1509 - PR_SET_PDEATHSIG needs it
+            preexec_fn=_die_with(os.getpid(), cpu),  # noqa: PLW1509 - PR_SET_PDEATHSIG needs it
         )
     identity = read_identity(popen.pid)
     if identity is not None:
         ledger.record(identity, argv, owner)
-    return Child(popen=popen, argv=argv, started_monotonic=time.monotonic())
+    return Child(popen=popen, argv=argv, started_monotonic=time.monotonic(), cpu=cpu)
 
 
 def has_exited(child: Child) -> bool:

@@ -42,6 +42,7 @@ from kubernetes.watch import watch as kube_watch
 
 from testbed.process_children import (
     Child,
+    CpuAllocator,
     PidLedger,
     has_exited,
     reap_child,
@@ -504,6 +505,7 @@ class PodWorker(threading.Thread):
         ledger: PidLedger,
         ports: PortAllocator,
         monitors: PodMonitors,
+        cpus: CpuAllocator | None = None,
     ) -> None:
         super().__init__(name=f"pod {pod_key(pod)}", daemon=True)
         self.api = api
@@ -511,6 +513,7 @@ class PodWorker(threading.Thread):
         self.monitors = monitors
         self.ledger = ledger
         self.ports = ports
+        self.cpus = cpus or CpuAllocator(())
         self.folder = pods_dir / pod_folder_name(pod)
         self._pod = pod
         self._lock = threading.Lock()
@@ -648,6 +651,7 @@ class PodWorker(threading.Thread):
         run.readiness = self._tracker(run.spec, "readinessProbe")
         run.startup = self._tracker(run.spec, "startupProbe")
         started_at = utc_now()
+        cpu = self.cpus.take()
         try:
             run.child = spawn_child(
                 argv,
@@ -656,15 +660,19 @@ class PodWorker(threading.Thread):
                 log_path=log_path,
                 ledger=self.ledger,
                 owner=f"{pod_key(pod)}/{name}",
+                cpu=cpu,
             )
         except (OSError, subprocess.SubprocessError) as error:
+            self.cpus.give_back(cpu)
             # Like a container that was created but could not start: it counts as a run.
             run.record = record_started(
                 run.record, started_at, "", has_readiness_probe=False, has_startup_probe=False
             )
             self._record_exit(run, 128, start_error=str(error))
             return
-        log.info("%s/%s started as pid %d: %s", pod_key(pod), name, run.child.pid, argv)
+        log.info(
+            "%s/%s started as pid %d on CPU %s: %s", pod_key(pod), name, run.child.pid, cpu, argv
+        )
         run.record = record_started(
             run.record,
             started_at,
@@ -708,6 +716,7 @@ class PodWorker(threading.Thread):
         if run.child is not None:
             ran_for = time.monotonic() - run.child.started_monotonic
             log.info("%s/%s (pid %d) exited with %d", pod_key(pod), name, run.child.pid, exit_code)
+            self.cpus.give_back(run.child.cpu)
             run.child = None
         if start_error:
             reason, message = ContainerReason.START_ERROR, start_error
@@ -853,6 +862,7 @@ class ProcessKubelet:
         self.targets = ScrapeTargetFiles(sd_dir)
         self.ledger = PidLedger(run_dir / "pids")
         self.ports = PortAllocator()
+        self.cpus = CpuAllocator()
         self.workers: dict[str, PodWorker] = {}
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -880,6 +890,7 @@ class ProcessKubelet:
                     ledger=self.ledger,
                     ports=self.ports,
                     monitors=self.monitors,
+                    cpus=self.cpus,
                 )
                 self.workers[uid] = worker
                 worker.start()
