@@ -39,8 +39,9 @@ __all__ = ["engine_python", "tiny_models"]  # session fixtures used here
 
 SD = "tuned"
 #: The served length: draft-small at k=1 emits at most 2 tokens a step, and a longer k, whose
-#: later positions it still predicts well, emits more than its longer step costs (the sweep of
-#: `make bench-autotune`), so the tuned revision is faster in fact, not only by the model.
+#: later positions it still predicts well, emits more than its longer step costs (two engines,
+#: each on a CPU of its own, alternating requests: k=6 455 tokens/s against k=1's 351), so the
+#: tuned revision is faster in fact, not only by the model.
 SERVED_K = 1
 # A tuned revision: a second engine starting beside the first on a shared machine, then two
 # passing verdicts.
@@ -193,9 +194,12 @@ def test_apply_rolls_the_recommendation_out_through_the_canary_and_promotes_it(
     tiny_models: dict[str, str],
     operator: OperatorProcess,
 ) -> None:
-    # A cheap draft (draftCostRatio 0.02) that the prompts make predictable: longer drafts pay,
-    # by the model and, from k=1, in fact (the canary judges the real tokens/s, 2 % tolerance).
-    autotune = {"mode": "Apply", "maxTokens": 6, "minGain": 0.02, "draftCostRatio": 0.02}
+    # The prompts make draft-small predictable: from k=1 a longer k pays by the model (with
+    # the operator's default draft cost ratio, 0.1) and in fact (the canary judges the real
+    # tokens/s against k=1's, 2 % tolerance). Measured on the test bed, each engine on a CPU of
+    # its own: k=1 4.96 ms a step and 351 tokens/s, k=6 9.05 ms and 455 tokens/s (a ratio of
+    # about 0.2, with which the model would choose k=3, +26 %).
+    autotune = {"mode": "Apply", "maxTokens": 6}
     if not status_of(kubectl, namespace).get("stableRevision"):  # run alone
         kubectl.apply([tuned_sd(namespace, tiny_models, {"mode": "Recommend"})])
     stable = wait_serving(kubectl, namespace)
@@ -204,12 +208,18 @@ def test_apply_rolls_the_recommendation_out_through_the_canary_and_promotes_it(
         promoted = wait_serving(kubectl, namespace, other_than=stable, timeout=TUNED_PROMOTED_S)
     status = status_of(kubectl, namespace)
     tuned = status["autotune"]
-    print(f"\napply: {json.dumps(tuned, indent=1)}")
+    [record] = [r for r in status["revisions"] if r["revision"] == promoted]
+    print(f"\napply: {json.dumps(tuned, indent=1)}\nverdicts: {json.dumps(record['verdicts'])}")
     k = tuned["appliedTokens"]
     assert k > SERVED_K
     assert speculative_tokens(kubectl, namespace, promoted) == {k}
     assert status["analysis"]["revision"] == promoted
     assert status["analysis"]["outcome"] == "Promote"
+    # Judged by tokens per second against the stable (mean step times), not by acceptance.
+    passes = [v for v in record["verdicts"] if v["result"] == "Pass"]
+    assert passes, record["verdicts"]
+    assert all(v["message"].startswith("tuned revision: ") for v in passes), passes
+    assert all(v["stepSeconds"] > 0 for v in passes), passes
     events = events_of(kubectl, namespace, SD)
     reasons = [e["reason"] for e in events]
     assert reasons.count("TunedRevisionRolledOut") == 1, reasons
