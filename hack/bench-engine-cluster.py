@@ -33,6 +33,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -150,16 +151,23 @@ def engine_process(port: int) -> tuple[list[str], dict[str, str], int]:
 
 
 @contextlib.contextmanager
-def hand_started(argv: list[str], env: dict[str, str], log_path: Path) -> Iterator[tuple[str, int]]:
-    """The same command line started by hand on a free port; yields (its URL, its pid) once
-    healthy."""
+def hand_started(
+    argv: list[str], env: dict[str, str], log_path: Path, cpus: set[int]
+) -> Iterator[tuple[str, int]]:
+    """The same command line started by hand on a free port, pinned to `cpus`; yields (its
+    URL, its pid) once healthy."""
     port = free_port()
     args = list(argv)
     index = args.index("--port")
     args[index + 1] = str(port)
     with log_path.open("wb") as out:
         process = subprocess.Popen(
-            args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            args,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=partial(os.sched_setaffinity, 0, cpus),  # noqa: PLW1509
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -281,7 +289,9 @@ def process_context(pid: int) -> dict[str, Any]:
     stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
     return {
         "env": dict(item.decode().split("=", 1) for item in env_items if b"=" in item),
-        "cpus_allowed": status.get("Cpus_allowed_list", "").strip(),
+        # How many, not which: each engine is pinned to CPUs of its own.
+        "cpus_allowed": len(os.sched_getaffinity(pid)),
+        "cpus_allowed_list": status.get("Cpus_allowed_list", "").strip(),
         "nice": int(stat[16]),  # field 19 of /proc/<pid>/stat, counted after the command name
         "cgroup": (proc / "cgroup").read_text().strip(),
     }
@@ -327,7 +337,12 @@ def p4(
     served = argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else model
     log("p4: the same command line started by hand beside the operator's engine")
     sides: dict[str, list[dict[str, Any]]] = {"operator": [], "hand": []}
-    with hand_started(argv, env, workdir / "hand-engine.log") as (hand_url, hand_pid):
+    # The process kubelet pins the pod's engine to a CPU of its own (docs/testbed.md); the
+    # hand-started one gets as many CPUs, the others where there are any, as a second pod would.
+    ours = os.sched_getaffinity(operator_pid)
+    others = sorted(os.sched_getaffinity(0) - ours) or sorted(ours)
+    cpus = set(others[: len(ours)])
+    with hand_started(argv, env, workdir / "hand-engine.log", cpus) as (hand_url, hand_pid):
         differences = context_differences(process_context(operator_pid), process_context(hand_pid))
         urls = {"operator": url, "hand": hand_url}
         for side in ("operator", "hand"):  # warm-up, not measured
