@@ -24,10 +24,10 @@ class FakePrometheus(BaseHTTPRequestHandler):
         query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)["query"][0]
         if query.startswith("1 + "):
             value = "2.5"
-        elif query.startswith("sum(increase"):
-            value = "4200"
         elif "inter_token_latency_seconds_sum" in query:
             value = "0.031"
+        elif query.startswith("sum(increase"):
+            value = "4200"
         elif "inter_token_latency" in query:
             value = "0.025"
         elif "time_to_first_token" in query:
@@ -69,13 +69,15 @@ def test_queries_select_the_revision_by_namespace_and_label() -> None:
         "histogram_quantile(0.5, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket"
         '{namespace="serving",specdeploy_dev_revision="abc123"}[5m])))'
     )
-    # The mean step time, exact where the p50 is interpolated inside a bucket.
+    # The mean step time, exact where the p50 is interpolated inside a bucket, and the very
+    # figure the autotuner records as a step cost.
     assert queries["step_seconds"] == (
-        'sum(rate(vllm:inter_token_latency_seconds_sum{namespace="serving",'
+        'sum(increase(vllm:inter_token_latency_seconds_sum{namespace="serving",'
         'specdeploy_dev_revision="abc123"}[5m])) / '
-        'sum(rate(vllm:inter_token_latency_seconds_count{namespace="serving",'
+        'sum(increase(vllm:inter_token_latency_seconds_count{namespace="serving",'
         'specdeploy_dev_revision="abc123"}[5m]))'
     )
+    assert queries["step_seconds"] == autotune_queries("serving", "abc123", "5m")["step_seconds"]
 
 
 def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:

@@ -45,6 +45,16 @@ def _selector(namespace: str, revision: str) -> str:
     return f"{{namespace={json.dumps(namespace)},{REVISION_LABEL}={json.dumps(revision)}}}"
 
 
+def _mean_step_seconds(selector: str, window: str) -> str:
+    """The mean decode step time: the inter-token latency's sum over its count (vLLM observes
+    it once per decode step of each sequence). The canary's throughput verdict and the
+    autotuner's step costs both read this figure."""
+    return (
+        f"sum(increase({INTER_TOKEN_LATENCY_SUM}{selector}[{window}])) / "
+        f"sum(increase({INTER_TOKEN_LATENCY_COUNT}{selector}[{window}]))"
+    )
+
+
 def measurement_queries(namespace: str, revision: str, window: str) -> dict[str, str]:
     """The PromQL of each figure, for one revision over `window` (e.g. "5m")."""
     selector = _selector(namespace, revision)
@@ -60,7 +70,7 @@ def measurement_queries(namespace: str, revision: str, window: str) -> dict[str,
         "mean_acceptance_length": f"1 + {rate(ACCEPTED_TOKENS)} / {rate(DRAFTS)}",
         "draft_tokens": f"sum(increase({DRAFT_TOKENS}{selector}[{window}]))",
         "inter_token_latency_p50": median(INTER_TOKEN_LATENCY),
-        "step_seconds": f"{rate(INTER_TOKEN_LATENCY_SUM)} / {rate(INTER_TOKEN_LATENCY_COUNT)}",
+        "step_seconds": _mean_step_seconds(selector, window),
         "time_to_first_token_p50": median(TIME_TO_FIRST_TOKEN),
     }
 
@@ -83,9 +93,7 @@ def autotune_queries(namespace: str, revision: str, window: str) -> dict[str, st
         "accepted_per_position": (
             f"sum by (position) (increase({ACCEPTED_PER_POSITION}{selector}[{window}]))"
         ),
-        "step_seconds": (
-            f"{increase(INTER_TOKEN_LATENCY_SUM)} / {increase(INTER_TOKEN_LATENCY_COUNT)}"
-        ),
+        "step_seconds": _mean_step_seconds(selector, window),
         "mean_batch_size": f"avg(avg_over_time({RUNNING}{selector}[{window}]))",
         "max_batch_size": f"max(max_over_time({RUNNING}{selector}[{window}]))",
     }
