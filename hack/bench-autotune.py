@@ -16,7 +16,8 @@ The operator's choice is computed by the operator's own model (plan.autotune.rec
 mode Apply would reach it: starting from k=5 (the seeds' default), with no draftCostRatio (so
 the operator's default ratio), each recommendation that changes k by minGain is "rolled out",
 i.e. the next recommendation reads the sweep's measurement at that k, with the step times of
-every k served so far (which lets it fit the cost ratio), until it keeps its k. Results go to
+every k served so far (which lets it fit the cost ratio) and the acceptance per position of
+the longest, until it keeps its k. Results go to
 bench/results/autotune.json and a plot to bench/results/autotune.png.
 
 A benchmark, not a test: the figures depend on the machine and on what else runs on it.
@@ -61,6 +62,7 @@ from specdeploy.plan.autotune import (  # noqa: E402
     DEFAULT_DRAFT_COST_RATIO,
     AutotuneMeasurement,
     recommend,
+    record_trial,
 )
 
 # The tiny models' own kind of text (the target was trained on such sentences).
@@ -312,7 +314,8 @@ def operator_choice(sweep: dict[int, dict[str, Any]], opts: Any) -> dict[str, An
 
     Each recommendation the operator would roll out (plan.autotune.recommend: a k predicted
     minGain faster, or a calibration trial while the draft's cost ratio is unmeasured) is a
-    trial: its k's step time joins the status (as decide_tuning keeps a trial's), and the
+    trial: its k's step time and acceptance join the status (plan.autotune.record_trial, as
+    decide_tuning keeps a trial's), and the
     canary's throughput verdict (tokens/s more than maxThroughputDrop, 2 %, below the
     stable's fails, plan.analysis) is taken from the sweep's tokens/s. A passed trial serves;
     a failed one is rejected and the stable k is measured again, now with both step times.
@@ -357,12 +360,14 @@ def operator_choice(sweep: dict[int, dict[str, Any]], opts: Any) -> dict[str, An
         rolls_out = rec.changed and (rec.predicted_gain >= tune.min_gain or rec.calibration)
         if not rolls_out or trial == served or trial in state.rejected_tokens:
             break
-        # The trial under the canary: its step time is kept whatever the verdict.
-        costs = measure(trial, state).inputs
-        assert costs is not None
-        state = state.model_copy(
-            update={"inputs": state.inputs.model_copy(update={"step_costs": costs.step_costs})}
-        )
+        # The trial under the canary: what it measured (its step time, and its acceptance per
+        # position when it is the longest k yet) is kept whatever the verdict, as decide_tuning
+        # keeps it.
+        state = record_trial(
+            state.model_copy(update={"trial_revision": f"k{trial}", "applied_tokens": trial}),
+            _measured(sweep[trial], opts.concurrency),
+            min_draft_tokens=opts.min_draft_tokens,
+        ).model_copy(update={"trial_revision": None, "applied_tokens": None})
         ratio = sweep[trial]["output_tokens_per_s"] / sweep[served]["output_tokens_per_s"]
         step["canary"] = "Promote" if ratio - 1 >= -MAX_THROUGHPUT_DROP else "Rollback"
         step["canary_throughput_ratio"] = round(ratio, 3)

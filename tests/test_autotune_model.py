@@ -27,12 +27,14 @@ from specdeploy.plan.autotune import (
     batch_ranges,
     choose_schedule,
     choose_tokens,
+    continue_acceptance,
     decide_tuning,
     expected_tokens_per_step,
     extend_acceptance,
     fit_batch_cost,
     fit_cost_ratio,
     measurement_due,
+    record_trial,
     schedule_key,
     tokens_per_second,
     tuned_spec,
@@ -76,6 +78,22 @@ def test_extrapolation_never_exceeds_the_last_measured_conditional_acceptance() 
     conditionals = [b / a for a, b in itertools.pairwise(rates[2:])]
     assert all(c <= 0.7 / 0.8 for c in conditionals)
     assert conditionals == sorted(conditionals, reverse=True)
+
+
+def test_a_longer_measurement_continues_the_served_acceptance_with_its_conditionals() -> None:
+    # Served at k=2: 0.8, 0.6. Measured at k=4 (another window): 0.9, 0.7, 0.56, 0.35, whose
+    # conditional acceptance at positions 2 and 3 is 0.56 / 0.7 = 0.8 and 0.35 / 0.56 = 0.625.
+    # So a_2 = 0.6 x 0.8 = 0.48 and a_3 = 0.48 x 0.625 = 0.3; the served positions stay.
+    assert continue_acceptance([0.8, 0.6], [0.9, 0.7, 0.56, 0.35]) == pytest.approx(
+        [0.8, 0.6, 0.48, 0.3]
+    )
+    # Nothing longer: the served rates alone. A position after a zero one stays zero.
+    assert continue_acceptance([0.8, 0.6], [0.9]) == pytest.approx([0.8, 0.6])
+    assert continue_acceptance([0.5], [0.2, 0.0, 0.0]) == pytest.approx([0.5, 0.0, 0.0])
+    # Then extend_acceptance extrapolates from the continued rates' last conditional (0.625):
+    # a_4 = 0.3 x 0.625 x 0.9 = 0.16875.
+    continued = continue_acceptance([0.8, 0.6], [0.9, 0.7, 0.56, 0.35])
+    assert extend_acceptance(continued, 5)[4] == pytest.approx(0.16875)
 
 
 def test_expected_tokens_per_step() -> None:
@@ -406,19 +424,26 @@ def test_no_calibration_with_a_ratio_in_the_spec_or_in_mode_recommend() -> None:
     assert shown.recommendation.num_speculative_tokens == 3, "below minGain: keeps k=3"
 
 
-def test_the_trials_step_time_is_kept_when_it_is_rolled_back_and_the_ratio_is_then_fitted() -> None:
-    calibrating = spec("Apply", minGain=0.2, draftCostRatio=None)
-    state = tune(calibrating).state
+CALIBRATING = spec("Apply", minGain=0.2, draftCostRatio=None)
+
+
+def calibration_rolled_back(accepted: tuple[float, ...], draft_tokens: float = 3200) -> Tuning:
+    """The calibration trial at k=4 (800 drafts, 14.2 ms a step) rolled back by the canary."""
     at_4 = AutotuneMeasurement(
         drafts=800,
-        draft_tokens=3200,
-        accepted_per_position=(720, 640, 560, 440),
+        draft_tokens=draft_tokens,
+        accepted_per_position=accepted,
         step_seconds=0.0142,
     )
     rolled_back = AnalysisStatus(
         revision="tuned00004", started_at="x", outcome="Rollback", message="slower"
     )
-    after = tune(calibrating, state, measured=None, analysis=rolled_back, trial_measured=at_4)
+    state = tune(CALIBRATING).state
+    return tune(CALIBRATING, state, measured=None, analysis=rolled_back, trial_measured=at_4)
+
+
+def test_the_trials_step_time_is_kept_when_it_is_rolled_back_and_the_ratio_is_then_fitted() -> None:
+    after = calibration_rolled_back((720, 640, 560, 440))
     assert after.tokens is None
     assert after.state is not None
     assert after.state.rejected_tokens == [4]
@@ -429,13 +454,73 @@ def test_the_trials_step_time_is_kept_when_it_is_rolled_back_and_the_ratio_is_th
     ]
     # An interval later, at k=3 again: (3, 13 ms) and (4, 14.2 ms) give 1.2 ms per token over
     # t0 = 9.4 ms, r = 0.1277; no second calibration.
-    later = tune(calibrating, after.state, now=NOW + timedelta(hours=1)).state
+    later = tune(CALIBRATING, after.state, now=NOW + timedelta(hours=1)).state
     assert later is not None
     assert later.inputs is not None
     assert later.recommendation is not None
     assert later.inputs.draft_cost_source == "Measured"
     assert later.inputs.draft_cost_ratio == pytest.approx(0.1277, abs=1e-4)
     assert not later.recommendation.calibration
+
+
+def test_a_rolled_back_trials_acceptance_replaces_the_extrapolation_beyond_the_served_k() -> None:
+    # The calibration trial at k=4 measured a fourth position the stable k=3 never drafts:
+    # 532 / 800 = 0.665, a conditional acceptance of 0.665 / 0.7 = 0.95 (the extrapolation
+    # assumed 0.875 x 0.9 = 0.7875). Back at k=3 an interval later, r = 0.1277 from the two
+    # step times (as above), t0 = 13 ms / (1 + 3r) = 9.399 ms:
+    #   a_3 = 0.7 x 0.95 = 0.665; a_4 = 0.665 x (0.95 x 0.9) = 0.568575
+    #   k=5: E = 3.4 + 0.665 + 0.568575 = 4.633575 over 9.399 ms x (1 + 5r) = 300.88 tok/s
+    #   k=3: 3.4 / 13 ms = 261.54 tok/s: +15.04 % (the extrapolation alone gave +7.8 %).
+    after = calibration_rolled_back((720, 640, 560, 532))
+    assert after.state is not None
+    assert after.state.inputs is not None
+    kept = after.state.inputs.longest_acceptance
+    assert kept is not None
+    assert (kept.revision, kept.num_speculative_tokens) == ("tuned00004", 4)
+    assert kept.acceptance_per_position == pytest.approx([0.9, 0.8, 0.7, 0.665])
+    later = tune(CALIBRATING, after.state, now=NOW + timedelta(hours=1)).state
+    assert later is not None
+    assert later.recommendation is not None
+    assert later.recommendation.predicted_gain == pytest.approx(0.1504, abs=1e-4)
+    assert later.recommendation.num_speculative_tokens == 3, "below minGain 20 %: kept"
+    assert "position 3 from k=4's acceptance (tuned00004)" in later.recommendation.message
+    # The served k=3's own positions are still the serving pods' (0.9, 0.8, 0.7).
+    assert later.inputs is not None
+    assert later.inputs.acceptance_per_position == pytest.approx([0.9, 0.8, 0.7])
+    assert later.inputs.longest_acceptance == kept
+
+
+def test_a_trial_keeps_its_acceptance_only_from_enough_draft_tokens_and_more_positions() -> None:
+    served = tune(CALIBRATING).state
+    assert served is not None
+    assert served.inputs is not None
+    assert served.inputs.longest_acceptance is not None
+    assert served.inputs.longest_acceptance.revision == "stable0001"
+    after = calibration_rolled_back((72, 64, 56, 53), draft_tokens=400)
+    assert after.state is not None
+    assert after.state.inputs is not None
+    assert after.state.inputs.longest_acceptance == served.inputs.longest_acceptance, (
+        "400 draft tokens < 2000"
+    )
+    assert [c.num_speculative_tokens for c in after.state.inputs.step_costs] == [3, 4]
+    # A shorter trial, however well measured, does not replace three positions with two.
+    shorter = record_trial(
+        after.state.model_copy(update={"trial_revision": "tuned00002", "applied_tokens": 2}),
+        AutotuneMeasurement(
+            drafts=1000, draft_tokens=2000, accepted_per_position=(950, 900), step_seconds=0.012
+        ),
+        min_draft_tokens=2000,
+    )
+    assert shorter.inputs is not None
+    assert shorter.inputs.longest_acceptance == served.inputs.longest_acceptance
+    assert [c.num_speculative_tokens for c in shorter.inputs.step_costs] == [2, 3, 4]
+    # New bounds (or a new pair): what was measured of the old (acceptance, step times) goes.
+    other = spec("Apply", minGain=0.2, draftCostRatio=None, maxTokens=4)
+    moved = tune(other, after.state, measured=None).state
+    assert moved is not None
+    assert moved.inputs is not None
+    assert moved.inputs.longest_acceptance is None
+    assert moved.inputs.step_costs == []
 
 
 def test_recommend_mode_never_serves_a_tuned_k() -> None:

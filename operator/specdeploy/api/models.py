@@ -960,6 +960,19 @@ class AutotuneStepCost(ApiModel):
     batch_size: float | None = Field(default=None, description="Mean running batch size then.")
 
 
+class AutotuneAcceptance(ApiModel):
+    """The per-position acceptance measured at one speculation length of this pair."""
+
+    revision: str = Field(description="The revision measured.")
+    num_speculative_tokens: int = Field(description="k that revision served.")
+    drafts: float = Field(description="Drafts in its window.")
+    acceptance_per_position: list[float] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Accepted tokens per draft at each position (0-based), as measured.",
+    )
+
+
 class AutotuneInputs(ApiModel):
     """What the recommendation was computed from."""
 
@@ -979,6 +992,14 @@ class AutotuneInputs(ApiModel):
         default_factory=list,
         max_length=33,
         description="Step times measured per k and batch-size range.",
+    )
+    longest_acceptance: AutotuneAcceptance | None = Field(
+        default=None,
+        description=(
+            "The acceptance measured at the longest k this pair has served (a tuned revision "
+            "under trial too, promoted or not). Past the served k's positions, the served "
+            "acceptance continues with this one's conditional acceptance per position."
+        ),
     )
     draft_cost_ratio: float = Field(description="Cost ratio of one speculative token used.")
     draft_cost_source: str = Field(

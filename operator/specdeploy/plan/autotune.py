@@ -26,7 +26,13 @@ chosen, since a larger batch only makes each extra token dearer. Under a schedul
 per-position counters are sized to its largest k while smaller batches draft fewer: the later
 positions then count drafts that could not reach them, which underestimates them (the safe side).
 
-Positions beyond the served k have no data. Conservatively, the conditional acceptance of each
+Positions beyond the served k have no data from the serving pods. When a longer k of the same
+pair has served (a tuned revision under trial, promoted or rolled back), its counters measured
+those positions: the served acceptance continues with that measurement's conditional
+acceptance per position (continue_acceptance). The acceptance of a position does not depend on
+k (a draft proposes the same tokens whatever follows them), so only its level is taken from
+the serving pods and the fall-off from the longer measurement. Past every measured position,
+conservatively, the conditional acceptance of each
 further position (the chance it is accepted once all before it were) is the last measured
 one's, never more, times EXTRAPOLATION_DECAY per extra position: the draft's guesses grow
 worse the further they look ahead, and an over-long k costs every step.
@@ -44,6 +50,7 @@ from specdeploy.api.conditions import Reason
 from specdeploy.api.config import AnalysisSettings
 from specdeploy.api.models import (
     AnalysisStatus,
+    AutotuneAcceptance,
     AutotuneInputs,
     AutotuneRecommendation,
     AutotuneSpec,
@@ -109,6 +116,23 @@ def extend_acceptance(
     conditional = min(last_conditional, 1.0)
     while len(out) < k:
         conditional *= decay
+        out.append(out[-1] * conditional)
+    return out
+
+
+def continue_acceptance(rates: Sequence[float], longer: Sequence[float]) -> list[float]:
+    """The measured rates, then each position only `longer` (the same pair at a longer k)
+    measured: the previous rate times `longer`'s conditional acceptance there, capped at 1.
+
+    `rates` stays authoritative for its own positions (it is the serving revision's, over
+    the latest window); `longer` gives only how acceptance falls off beyond them.
+    """
+    out = list(rates)
+    if not out:
+        raise ValueError("at least one measured position is needed")
+    for position in range(len(out), len(longer)):
+        before = longer[position - 1]
+        conditional = min(longer[position] / before, 1.0) if before > 0 else 0.0
         out.append(out[-1] * conditional)
     return out
 
@@ -414,6 +438,7 @@ def recommend(
             update={"computed_at": stamp, "message": f"metrics unavailable: {measured.error}"}
         )
     costs = _step_costs(state.inputs.step_costs if state.inputs else [], served_tokens, measured)
+    longest = state.inputs.longest_acceptance if state.inputs else None
     ratio, source = _cost_ratio(tune, costs, default_cost_ratio)
     inputs = AutotuneInputs(
         revision=revision,
@@ -425,6 +450,7 @@ def recommend(
         mean_batch_size=_rounded(measured.mean_batch_size),
         max_batch_size=_rounded(measured.max_batch_size),
         step_costs=costs,
+        longest_acceptance=longest,
         draft_cost_ratio=round(ratio, 4),
         draft_cost_source=source,
     )
@@ -442,8 +468,13 @@ def recommend(
         return state.model_copy(update={"computed_at": stamp, "message": short, "inputs": inputs})
     rates = acceptance_by_position(measured.drafts, measured.accepted_per_position)
     assert measured.step_seconds is not None
+    served = _acceptance(revision, served_tokens, measured.drafts, rates)
+    longest = _longer(longest, served)
+    model_rates = rates
+    if longest is not served:
+        model_rates = continue_acceptance(rates, longest.acceptance_per_position)
     prediction = choose_tokens(
-        rates,
+        model_rates,
         current_tokens=served_tokens,
         step_seconds=measured.step_seconds,
         cost_ratio=ratio,
@@ -451,8 +482,14 @@ def recommend(
         max_tokens=tune.max_tokens,
         min_gain=tune.min_gain,
     )
+    if len(model_rates) > len(rates):
+        prediction = replace(
+            prediction,
+            message=f"{prediction.message}; {_positions(len(rates), len(model_rates) - 1)} "
+            f"from k={longest.num_speculative_tokens}'s acceptance ({longest.revision})",
+        )
     schedule, schedule_message = _recommend_schedule(
-        tune, rates, costs, ratio, max_num_seqs=max_num_seqs, single=prediction.best_tokens
+        tune, model_rates, costs, ratio, max_num_seqs=max_num_seqs, single=prediction.best_tokens
     )
     calibrate = (
         calibration_tokens(
@@ -484,7 +521,10 @@ def recommend(
             "computed_at": stamp,
             "message": "",
             "inputs": inputs.model_copy(
-                update={"acceptance_per_position": [round(a, 4) for a in rates]}
+                update={
+                    "acceptance_per_position": [round(a, 4) for a in rates],
+                    "longest_acceptance": longest,
+                }
             ),
             "recommendation": AutotuneRecommendation(
                 num_speculative_tokens=prediction.best_tokens,
@@ -498,6 +538,28 @@ def recommend(
             ),
         }
     )
+
+
+def _positions(first: int, last: int) -> str:
+    return f"position {first}" if first == last else f"positions {first}-{last}"
+
+
+def _acceptance(
+    revision: str, tokens: int, drafts: float, rates: Sequence[float]
+) -> AutotuneAcceptance:
+    return AutotuneAcceptance(
+        revision=revision,
+        num_speculative_tokens=tokens,
+        drafts=round(drafts, 1),
+        acceptance_per_position=[round(a, 4) for a in rates],
+    )
+
+
+def _longer(kept: AutotuneAcceptance | None, new: AutotuneAcceptance) -> AutotuneAcceptance:
+    """The measurement with more positions; the newer one when they have as many."""
+    if kept is None or len(new.acceptance_per_position) >= len(kept.acceptance_per_position):
+        return new
+    return kept
 
 
 def calibration_tokens(
@@ -623,23 +685,36 @@ def tuned_spec(
     return spec.model_copy(update={"pair": pair})
 
 
-def _record_trial_step(
-    state: AutotuneStatus, trial_measured: AutotuneMeasurement | None
+def record_trial(
+    state: AutotuneStatus, trial_measured: AutotuneMeasurement | None, *, min_draft_tokens: int
 ) -> AutotuneStatus:
-    """The status with the trial revision's measured step time among the step costs."""
+    """The status with what the tuned revision under trial measured: its step time among the
+    step costs, and (from at least `min_draft_tokens` draft tokens) its acceptance per
+    position as the longest measured, when it has as many positions as the one kept."""
     k = state.applied_tokens
+    trial = state.trial_revision
     if (
         trial_measured is None
-        or state.trial_revision is None
+        or trial is None
         or k is None
         or state.inputs is None
         or trial_measured.error is not None
         or not trial_measured.step_seconds
     ):
         return state
-    costs = _step_costs(state.inputs.step_costs, k, trial_measured)
-    inputs = state.inputs.model_copy(update={"step_costs": costs})
-    return state.model_copy(update={"inputs": inputs})
+    update: dict[str, object] = {
+        "step_costs": _step_costs(state.inputs.step_costs, k, trial_measured)
+    }
+    if (
+        trial_measured.draft_tokens >= min_draft_tokens
+        and trial_measured.drafts > 0
+        and trial_measured.accepted_per_position
+    ):
+        rates = acceptance_by_position(trial_measured.drafts, trial_measured.accepted_per_position)
+        update["longest_acceptance"] = _longer(
+            state.inputs.longest_acceptance, _acceptance(trial, k, trial_measured.drafts, rates)
+        )
+    return state.model_copy(update={"inputs": state.inputs.model_copy(update=update)})
 
 
 def _resolve_trial(
@@ -722,7 +797,8 @@ def decide_tuning(
     the tuned schedule the stable revision serves, if any; `trial_measured` the tuned revision
     under trial's measurement, taken beside the stable's: its step time is kept with the
     stable's whether the canary promotes it or not, so a second length measures the draft's
-    cost ratio (see calibration_tokens).
+    cost ratio (see calibration_tokens), and so is its acceptance per position when it is the
+    longest measured (see record_trial).
     """
     tune = spec.pair.draft.autotune
     if tune is None or tune.mode == "Off" or spec.pair.draft.method == "none":
@@ -730,14 +806,19 @@ def decide_tuning(
     fingerprint = spec_fingerprint(spec)
     state = previous or AutotuneStatus()
     if state.spec_fingerprint != fingerprint:
-        # A new pair or new bounds: what was tuned and rejected belonged to the old one.
+        # A new pair or new bounds: what was tuned, rejected and measured belonged to the old
+        # one (the last recommendation and its inputs stay shown until the next).
         state = AutotuneStatus(
             recommendation=state.recommendation,
-            inputs=state.inputs,
+            inputs=(
+                state.inputs.model_copy(update={"step_costs": [], "longest_acceptance": None})
+                if state.inputs
+                else None
+            ),
             computed_at=state.computed_at,
             spec_fingerprint=fingerprint,
         )
-    state = _record_trial_step(state, trial_measured)
+    state = record_trial(state, trial_measured, min_draft_tokens=min_draft_tokens)
     state, events = _resolve_trial(state, analysis)
     if tune.mode != "Apply":
         state = state.model_copy(
