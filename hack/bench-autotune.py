@@ -177,12 +177,16 @@ def run_round(server: EngineServer, opts: Any) -> dict[str, Any]:
     }
 
 
+def mean_step_seconds(rounds: list[dict[str, Any]]) -> float | None:
+    steps = sum(r["step_count"] for r in rounds)
+    return sum(r["step_sum"] for r in rounds) / steps if steps else None
+
+
 def summarise_k(
     k: int, startup: float, rounds: list[dict[str, Any]], tokens_per_s: float
 ) -> dict[str, Any]:
     """A k's figures: its tokens/s (from the paired rounds) and the engine's counters summed over
     its rounds, as Prometheus would give them over a window."""
-    steps = sum(r["step_count"] for r in rounds)
     width = max(len(r["accepted_per_position"]) for r in rounds)
     return {
         "k": k,
@@ -200,7 +204,7 @@ def summarise_k(
             )
             for p in range(width)
         ],
-        "step_seconds": sum(r["step_sum"] for r in rounds) / steps if steps else None,
+        "step_seconds": mean_step_seconds(rounds),
     }
 
 
@@ -242,7 +246,7 @@ def sweep_workload(
     draft = WORKLOADS[name]
     anchor = start_k(python, models, draft, DEFAULT_K, log_dir)
     anchor_rounds: list[dict[str, Any]] = []
-    found: dict[int, tuple[float, list[dict[str, Any]], list[float]]] = {}
+    found: dict[int, tuple[float, list[dict[str, Any]], list[float], list[dict[str, Any]]]] = {}
     try:
         for k in (k for k in ks if k != DEFAULT_K):
             other = start_k(python, models, draft, k, log_dir)
@@ -253,14 +257,17 @@ def sweep_workload(
             anchor_rounds += [theirs for theirs, _ in pairs]
             rounds = [mine for _, mine in pairs]
             ratios = [mine["tokens_per_s"] / theirs["tokens_per_s"] for theirs, mine in pairs]
-            found[k] = (other.startup_s, rounds, ratios)
+            found[k] = (other.startup_s, rounds, ratios, [theirs for theirs, _ in pairs])
     finally:
         anchor.server.stop()
     default_tps = statistics.median(r["tokens_per_s"] for r in anchor_rounds)
     sweep = {DEFAULT_K: summarise_k(DEFAULT_K, anchor.startup_s, anchor_rounds, default_tps)}
-    for k, (startup, rounds, ratios) in found.items():
+    for k, (startup, rounds, ratios, beside) in found.items():
         sweep[k] = summarise_k(k, startup, rounds, statistics.median(ratios) * default_tps)
         sweep[k]["vs_default_k_rounds"] = [round(r, 3) for r in ratios]
+        # The default k's step time over the rounds it took turns with this k: what the
+        # stable measures beside a trial (the same windows).
+        sweep[k]["default_k_step_seconds_beside"] = mean_step_seconds(beside)
     return {k: sweep[k] for k in sorted(sweep)}
 
 
@@ -309,13 +316,34 @@ def _measured(run: dict[str, Any], concurrency: int) -> AutotuneMeasurement:
     )
 
 
+def stable_beside(
+    sweep: dict[int, dict[str, Any]], served: int, trial: int
+) -> AutotuneMeasurement | None:
+    """The stable k's step time over the trial's windows, as the operator reads it beside a
+    trial: each k ran beside the default k, so the served k's step time is carried into the
+    trial's rounds by the default k's step time in each (the served k's own rounds for the
+    default k itself). None when the sweep did not record those (an older sweep)."""
+
+    def beside_default(k: int) -> float | None:
+        if k == DEFAULT_K:
+            return sweep[k]["step_seconds"]  # type: ignore[no-any-return]
+        return sweep[k].get("default_k_step_seconds_beside")
+
+    trial_window, served_window = beside_default(trial), beside_default(served)
+    step = sweep[served]["step_seconds"]
+    if not trial_window or not served_window or not step:
+        return None
+    return AutotuneMeasurement(step_seconds=step * trial_window / served_window)
+
+
 def operator_choice(sweep: dict[int, dict[str, Any]], opts: Any) -> dict[str, Any]:
     """Where mode Apply ends, starting from k=DEFAULT_K, reading the sweep as its measurements.
 
     Each recommendation the operator would roll out (plan.autotune.recommend: a k predicted
     minGain faster, or a calibration trial while the draft's cost ratio is unmeasured) is a
-    trial: its k's step time and acceptance join the status (plan.autotune.record_trial, as
-    decide_tuning keeps a trial's), and the
+    trial: its k's step time (with the stable's over the same rounds, stable_beside) and its
+    acceptance join the status (plan.autotune.record_trial, as decide_tuning keeps a
+    trial's), and the
     canary's throughput verdict (tokens/s more than maxThroughputDrop, 2 %, below the
     stable's fails, plan.analysis) is taken from the sweep's tokens/s. A passed trial serves;
     a failed one is rejected and the stable k is measured again, now with both step times.
@@ -363,10 +391,12 @@ def operator_choice(sweep: dict[int, dict[str, Any]], opts: Any) -> dict[str, An
         # The trial under the canary: what it measured (its step time, and its acceptance per
         # position when it is the longest k yet) is kept whatever the verdict, as decide_tuning
         # keeps it.
+        beside = stable_beside(sweep, served, trial)
         state = record_trial(
             state.model_copy(update={"trial_revision": f"k{trial}", "applied_tokens": trial}),
             _measured(sweep[trial], opts.concurrency),
             min_draft_tokens=opts.min_draft_tokens,
+            stable=(served, beside) if beside else None,
         ).model_copy(update={"trial_revision": None, "applied_tokens": None})
         ratio = sweep[trial]["output_tokens_per_s"] / sweep[served]["output_tokens_per_s"]
         step["canary"] = "Promote" if ratio - 1 >= -MAX_THROUGHPUT_DROP else "Rollback"

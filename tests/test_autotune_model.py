@@ -203,6 +203,27 @@ def test_the_cost_ratio_is_fitted_from_two_or_more_lengths() -> None:
     assert fit_cost_ratio([cost(1, 0.02), cost(3, 0.01)]) == 0.0, "noise is no negative cost"
 
 
+def paired(k: int, seconds: float, beside: int, ratio: float) -> AutotuneStepCost:
+    return AutotuneStepCost(
+        num_speculative_tokens=k, step_seconds=seconds, beside_tokens=beside, step_ratio=ratio
+    )
+
+
+def test_step_times_measured_beside_the_stable_fit_the_ratio_whatever_the_load() -> None:
+    # k=6 measured beside a stable k=5 while the machine ran 1.5 times slower: 16 ms against
+    # 15 ms, a ratio of 1.0667 = (1 + 6r) / (1 + 5r), so r = 0.0667 / (6 - 1.0667 x 5) = 0.1.
+    # The stable's own step time, measured since in a quiet window, is 10 ms: as one line,
+    # (5, 10 ms) and (6, 16 ms) would be 6 ms per token from an intercept of -20 ms, no cost.
+    slow = [cost(5, 0.010), paired(6, 0.016, 5, 16 / 15)]
+    assert fit_cost_ratio([cost(5, 0.010), cost(6, 0.016)]) is None
+    assert fit_cost_ratio(slow) == pytest.approx(0.1)
+    # Two pairs, least squares: k=3 beside k=5 at r = 0.1 is 1.3 / 1.5.
+    assert fit_cost_ratio([*slow, paired(3, 0.02, 5, 1.3 / 1.5)]) == pytest.approx(0.1)
+    # A pair of one k with itself says nothing; a cheaper longer k is no negative cost.
+    assert fit_cost_ratio([cost(5, 0.010), paired(5, 0.011, 5, 1.1)]) is None
+    assert fit_cost_ratio([paired(6, 0.009, 5, 0.9)]) == 0.0
+
+
 # --- the decision ------------------------------------------------------------------------------
 
 
@@ -245,12 +266,16 @@ def tune(
     now: datetime = NOW,
     stable_schedule: list[ScheduleStep] | None = None,
     trial_measured: AutotuneMeasurement | None = None,
+    stable_tokens: int | None = None,
 ) -> Tuning:
+    """decide_tuning with the stable serving `stable_tokens` (default: the applied k, else 3)."""
+    if stable_tokens is None:
+        stable_tokens = previous.applied_tokens if previous and previous.applied_tokens else 3
     return decide_tuning(
         sd_spec,
         previous,
         stable_revision="stable0001",
-        stable_tokens=(previous.applied_tokens if previous and previous.applied_tokens else 3),
+        stable_tokens=stable_tokens,
         settled=settled,
         analysis=analysis,
         measured=measured,
@@ -461,6 +486,56 @@ def test_the_trials_step_time_is_kept_when_it_is_rolled_back_and_the_ratio_is_th
     assert later.inputs.draft_cost_source == "Measured"
     assert later.inputs.draft_cost_ratio == pytest.approx(0.1277, abs=1e-4)
     assert not later.recommendation.calibration
+
+
+def test_a_trial_measured_beside_the_stable_keeps_its_step_ratio_for_the_fit() -> None:
+    # The calibration trial at k=4 and the stable k=3 over the same slow window: 21 ms and
+    # 19.5 ms (1.5 times 14 and 13 ms), a ratio 1.0769 = 1.4 / 1.3, so r = 0.1. An interval
+    # later the stable measures 13 ms alone: the ratio still gives r = 0.1, where the line
+    # through (3, 13 ms) and (4, 21 ms) has a negative intercept and would measure nothing.
+    at_4 = AutotuneMeasurement(
+        drafts=800,
+        draft_tokens=3200,
+        accepted_per_position=(720, 640, 560, 440),
+        step_seconds=0.021,
+    )
+    slow_stable = dataclasses.replace(MEASURED, step_seconds=0.0195)
+    rolled_back = AnalysisStatus(
+        revision="tuned00004", started_at="x", outcome="Rollback", message="slower"
+    )
+    state = tune(CALIBRATING).state
+    after = tune(
+        CALIBRATING,
+        state,
+        measured=slow_stable,
+        analysis=rolled_back,
+        trial_measured=at_4,
+        settled=False,
+        stable_tokens=3,
+    ).state
+    assert after is not None
+    assert after.inputs is not None
+    [trial] = [c for c in after.inputs.step_costs if c.num_speculative_tokens == 4]
+    assert trial.beside_tokens == 3
+    assert trial.step_ratio == pytest.approx(1.0769, abs=1e-4)
+    later = tune(CALIBRATING, after, now=NOW + timedelta(hours=1)).state
+    assert later is not None
+    assert later.inputs is not None
+    assert later.inputs.draft_cost_source == "Measured"
+    assert later.inputs.draft_cost_ratio == pytest.approx(0.1, abs=1e-3)
+    assert [(c.num_speculative_tokens, c.step_seconds) for c in later.inputs.step_costs] == [
+        (3, 0.013),
+        (4, 0.021),
+    ]
+    # Measured again alone (as a promoted trial is), k=4 keeps its ratio with its new time.
+    again = record_trial(
+        later.model_copy(update={"trial_revision": "tuned00004", "applied_tokens": 4}),
+        dataclasses.replace(at_4, step_seconds=0.014),
+        min_draft_tokens=2000,
+    )
+    assert again.inputs is not None
+    [alone] = [c for c in again.inputs.step_costs if c.num_speculative_tokens == 4]
+    assert (alone.step_seconds, alone.beside_tokens, alone.step_ratio) == (0.014, 3, 1.0769)
 
 
 def test_a_rolled_back_trials_acceptance_replaces_the_extrapolation_beyond_the_served_k() -> None:

@@ -958,6 +958,21 @@ class AutotuneStepCost(ApiModel):
     num_speculative_tokens: int = Field(description="k served (0: no speculation).")
     step_seconds: float = Field(description="Mean time between a sequence's decode steps.")
     batch_size: float | None = Field(default=None, description="Mean running batch size then.")
+    beside_tokens: int | None = Field(
+        default=None,
+        description=(
+            "Once measured as a tuned revision under trial: the k the stable revision served "
+            "beside it over the same window."
+        ),
+    )
+    step_ratio: float | None = Field(
+        default=None,
+        description=(
+            "This k's mean step time over the stable's (besideTokens), both over that same "
+            "window: a ratio that measures the draft cost ratio whatever the load then "
+            "(docs/autotune.md). Kept when this k's step time is measured again alone."
+        ),
+    )
 
 
 class AutotuneAcceptance(ApiModel):

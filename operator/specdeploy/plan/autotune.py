@@ -157,9 +157,18 @@ def tokens_per_second(
 
 
 def fit_cost_ratio(costs: Sequence[AutotuneStepCost]) -> float | None:
-    """r from step times measured at two or more lengths: the least-squares line
-    t = t0 + t0*r*k, so r = slope / intercept. None with fewer than two lengths, or when the
-    fit is not a cost (a non-positive intercept); a negative slope (noise) gives 0."""
+    """r from step times measured at two or more lengths; a negative r (noise) gives 0.
+
+    Step times a trial measured beside the stable over the same window (beside_tokens and
+    step_ratio) come first: their ratio rho = T(k_t) / T(k_s) = (1 + r*k_t) /
+    (1 + r*k_s) does not depend on t0, so not on the load of that window either. Each pair
+    gives r * (k_t - rho*k_s) = rho - 1; r is the least-squares solution over the pairs.
+    Without pairs: the least-squares line t = t0 + t0*r*k over the step times of every k, so
+    r = slope / intercept; None with fewer than two lengths, or when the line is not a cost
+    (a non-positive intercept)."""
+    paired = fit_paired_cost_ratio(costs)
+    if paired is not None:
+        return paired
     points = [(c.num_speculative_tokens, c.step_seconds) for c in costs if c.step_seconds > 0]
     if len({k for k, _ in points}) < 2:
         return None
@@ -172,6 +181,21 @@ def fit_cost_ratio(costs: Sequence[AutotuneStepCost]) -> float | None:
     if intercept <= 0:
         return None
     return max(slope / intercept, 0.0)
+
+
+def fit_paired_cost_ratio(costs: Sequence[AutotuneStepCost]) -> float | None:
+    """r from the step-time ratios of trials measured beside the stable (see fit_cost_ratio),
+    or None when there are none."""
+    terms = []
+    for c in costs:
+        k_s, rho = c.beside_tokens, c.step_ratio
+        if k_s is None or rho is None or rho <= 0 or k_s == c.num_speculative_tokens:
+            continue
+        terms.append((c.num_speculative_tokens - rho * k_s, rho - 1))
+    spread = sum(a * a for a, _ in terms)
+    if spread <= 1e-12:
+        return None
+    return max(sum(a * b for a, b in terms) / spread, 0.0)
 
 
 @dataclass(frozen=True)
@@ -383,23 +407,36 @@ def measurement_due(
 
 
 def _step_costs(
-    previous: Sequence[AutotuneStepCost], tokens: int, measured: AutotuneMeasurement
+    previous: Sequence[AutotuneStepCost],
+    tokens: int,
+    measured: AutotuneMeasurement,
+    beside: tuple[int, float] | None = None,
 ) -> list[AutotuneStepCost]:
     # One step time per k and batch-size range (the latest): the schedule's fit needs several.
+    # `beside`: the stable's k and step time over the same window (a trial's measurement); a
+    # ratio measured so stays with its k and range when the k is measured again alone.
     bucket = _batch_bucket(measured.mean_batch_size)
-    kept = [
+    same = [
         c
         for c in previous
-        if c.num_speculative_tokens != tokens or _batch_bucket(c.batch_size) != bucket
+        if c.num_speculative_tokens == tokens and _batch_bucket(c.batch_size) == bucket
     ]
+    kept = [c for c in previous if c not in same]
+    pair = (same[0].beside_tokens, same[0].step_ratio) if same else (None, None)
     if measured.step_seconds is not None and measured.step_seconds > 0:
+        if beside is not None and beside[1] > 0 and beside[0] != tokens:
+            pair = (beside[0], round(measured.step_seconds / beside[1], 4))
         kept.append(
             AutotuneStepCost(
                 num_speculative_tokens=tokens,
                 step_seconds=round(measured.step_seconds, 6),
                 batch_size=_rounded(measured.mean_batch_size),
+                beside_tokens=pair[0],
+                step_ratio=pair[1],
             )
         )
+    else:
+        kept += same
     return sorted(kept, key=lambda c: (c.num_speculative_tokens, c.batch_size or 0))[
         :MAX_STEP_COSTS
     ]
@@ -686,11 +723,16 @@ def tuned_spec(
 
 
 def record_trial(
-    state: AutotuneStatus, trial_measured: AutotuneMeasurement | None, *, min_draft_tokens: int
+    state: AutotuneStatus,
+    trial_measured: AutotuneMeasurement | None,
+    *,
+    min_draft_tokens: int,
+    stable: tuple[int, AutotuneMeasurement] | None = None,
 ) -> AutotuneStatus:
     """The status with what the tuned revision under trial measured: its step time among the
-    step costs, and (from at least `min_draft_tokens` draft tokens) its acceptance per
-    position as the longest measured, when it has as many positions as the one kept."""
+    step costs (with the stable's k and step time over the same window, `stable`, when
+    given), and (from at least `min_draft_tokens` draft tokens) its acceptance per position
+    as the longest measured, when it has as many positions as the one kept."""
     k = state.applied_tokens
     trial = state.trial_revision
     if (
@@ -702,8 +744,11 @@ def record_trial(
         or not trial_measured.step_seconds
     ):
         return state
+    beside = None
+    if stable is not None and stable[1].error is None and stable[1].step_seconds:
+        beside = (stable[0], stable[1].step_seconds)
     update: dict[str, object] = {
-        "step_costs": _step_costs(state.inputs.step_costs, k, trial_measured)
+        "step_costs": _step_costs(state.inputs.step_costs, k, trial_measured, beside)
     }
     if (
         trial_measured.draft_tokens >= min_draft_tokens
@@ -818,7 +863,12 @@ def decide_tuning(
             computed_at=state.computed_at,
             spec_fingerprint=fingerprint,
         )
-    state = record_trial(state, trial_measured, min_draft_tokens=min_draft_tokens)
+    state = record_trial(
+        state,
+        trial_measured,
+        min_draft_tokens=min_draft_tokens,
+        stable=(stable_tokens, measured) if measured and stable_tokens is not None else None,
+    )
     state, events = _resolve_trial(state, analysis)
     if tune.mode != "Apply":
         state = state.model_copy(
