@@ -33,6 +33,7 @@ from specdeploy.plan.autotune import (
     extend_acceptance,
     fit_batch_cost,
     fit_cost_ratio,
+    fit_paired_cost_ratio,
     measurement_due,
     record_trial,
     schedule_key,
@@ -222,6 +223,14 @@ def test_step_times_measured_beside_the_stable_fit_the_ratio_whatever_the_load()
     # A pair of one k with itself says nothing; a cheaper longer k is no negative cost.
     assert fit_cost_ratio([cost(5, 0.010), paired(5, 0.011, 5, 1.1)]) is None
     assert fit_cost_ratio([paired(6, 0.009, 5, 0.9)]) == 0.0
+    # (1 + 6r) / (1 + 5r) < 6 / 5 whatever r: a k=6 step 1.38 times k=5's is no cost ratio
+    # (least squares would make it r = 0.38 / (6 - 6.9) < 0, i.e. a free draft). Ignored:
+    # the fit is the other pair's, or none (then the line through the step times).
+    noise = paired(6, 0.0138, 5, 1.38)
+    assert fit_cost_ratio([noise, paired(3, 0.02, 5, 1.3 / 1.5)]) == pytest.approx(0.1)
+    assert fit_paired_cost_ratio([noise]) is None
+    # The same bound for a shorter trial: k=3 at under 3 / 5 of k=5's step is no cost either.
+    assert fit_paired_cost_ratio([paired(3, 0.0055, 5, 0.55)]) is None
 
 
 # --- the decision ------------------------------------------------------------------------------

@@ -185,13 +185,19 @@ def fit_cost_ratio(costs: Sequence[AutotuneStepCost]) -> float | None:
 
 def fit_paired_cost_ratio(costs: Sequence[AutotuneStepCost]) -> float | None:
     """r from the step-time ratios of trials measured beside the stable (see fit_cost_ratio),
-    or None when there are none."""
+    or None when there are none that the model can explain."""
     terms = []
     for c in costs:
-        k_s, rho = c.beside_tokens, c.step_ratio
-        if k_s is None or rho is None or rho <= 0 or k_s == c.num_speculative_tokens:
+        k_t, k_s, rho = c.num_speculative_tokens, c.beside_tokens, c.step_ratio
+        if k_s is None or rho is None or rho <= 0 or k_s == k_t:
             continue
-        terms.append((c.num_speculative_tokens - rho * k_s, rho - 1))
+        slope = k_t - rho * k_s
+        if slope * (k_t - k_s) <= 0:
+            # (1 + r*k_t) / (1 + r*k_s) lies between 1 and k_t / k_s for every r >= 0; a
+            # ratio beyond k_t / k_s (the longer k's step more than k_t / k_s times the
+            # shorter's) no cost ratio explains: the window's noise, not a measurement.
+            continue
+        terms.append((slope, rho - 1))
     spread = sum(a * a for a, _ in terms)
     if spread <= 1e-12:
         return None
