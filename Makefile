@@ -162,7 +162,12 @@ bench: venv tools system-deps engine-venv ## Every benchmark (not in CI), then t
 	$(MAKE) --no-print-directory bench-report; exit $$status
 
 .PHONY: test
-test: lint unit chart-lint e2e ## Everything: lint, unit, the chart and end-to-end
+# Two at a time before e2e (the machine has 2 cores): lint beside the unit tests, and on a cold
+# machine the engine's install and the Debian packages beside them. e2e runs alone after them:
+# its real engines are pinned one to a core, and anything beside them slows their steps.
+test: ## Everything: lint, unit, the chart and end-to-end
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit chart-lint system-deps engine-venv prometheus-operator-crd
+	$(MAKE) --no-print-directory e2e
 
 .PHONY: clean
 clean: ## Remove the virtualenv and run folder (not the caches)
