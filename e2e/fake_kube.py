@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from specdeploy.plan.drift import ATOMIC_MAPS, list_merge_key
+from specdeploy.plan.children.drift import ATOMIC_MAPS, list_merge_key
 
 NODES_YAML = Path(__file__).resolve().parent / "manifests" / "nodes.yaml"
 

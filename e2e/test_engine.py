@@ -31,7 +31,7 @@ from engine_harness import (
 )
 from grafana_dashboard import dashboard_metric_names, load_dashboard
 from specdeploy.api.models import SpeculativeDeploymentSpec
-from specdeploy.plan.vllm_args import HOST_ARG, PORT_ARG, build_vllm_args
+from specdeploy.plan.children.vllm_args import HOST_ARG, PORT_ARG, build_vllm_args
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 

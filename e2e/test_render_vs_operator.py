@@ -5,7 +5,7 @@ Each example in examples/ is applied (in the test's namespace, whose LocalQueues
 the examples name) with the operator running (conftest's `operator`: `batch` is a batch queue,
 as the batch example expects), and rendered with
 `specdeploy render -f <example> --nodes <the test bed's nodes> --config <that config>`. Every
-rendered object must be held by the live one (`plan.drift.differences`: the fields render
+rendered object must be held by the live one (`plan.children.drift.differences`: the fields render
 sets, server defaults ignored). Rendered again from the live SD (`kubectl get sd -o yaml`, which
 has a uid), the children also carry the operator's ownerReferences and the applied-hash
 annotation, a hash of the whole manifest the operator applied: equal hashes, equal manifests.
@@ -26,7 +26,7 @@ import yaml
 
 from engine_cluster import OperatorProcess
 from engine_harness import OPERATOR_SRC
-from specdeploy.plan.drift import APPLIED_HASH_ANNOTATION, differences
+from specdeploy.plan.children.drift import APPLIED_HASH_ANNOTATION, differences
 from testbed import Kubectl, eventually
 
 # The CRDs first, so the operator finds the PodMonitor kind served from its first reconcile.

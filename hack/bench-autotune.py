@@ -12,7 +12,7 @@ round's output tokens/s is the oracle's figure for that k. The engine's own /met
 draft tokens, accepted tokens per position, inter-token latency) summed over the rounds are
 what Prometheus would give the operator.
 
-The operator's choice is computed by the operator's own model (plan.autotune.recommend), as
+The operator's choice is computed by the operator's own model (plan.rollout.autotune.recommend), as
 mode Apply would reach it: starting from k=5 (the seeds' default), with no draftCostRatio (so
 the operator's default ratio), each recommendation that changes k by minGain is "rolled out",
 i.e. the next recommendation reads the sweep's measurement at that k, with the step times of
@@ -58,7 +58,7 @@ from engine_harness import (  # noqa: E402
 )
 from specdeploy.api.config import AnalysisSettings  # noqa: E402
 from specdeploy.api.models import AutotuneSpec, AutotuneStatus  # noqa: E402
-from specdeploy.plan.autotune import (  # noqa: E402
+from specdeploy.plan.rollout.autotune import (  # noqa: E402
     DEFAULT_DRAFT_COST_RATIO,
     AutotuneMeasurement,
     recommend,
@@ -339,13 +339,14 @@ def stable_beside(
 def operator_choice(sweep: dict[int, dict[str, Any]], opts: Any) -> dict[str, Any]:
     """Where mode Apply ends, starting from k=DEFAULT_K, reading the sweep as its measurements.
 
-    Each recommendation the operator would roll out (plan.autotune.recommend: a k predicted
+    Each recommendation the operator would roll out (plan.rollout.autotune.recommend: a k predicted
     minGain faster, or a calibration trial while the draft's cost ratio is unmeasured) is a
     trial: its k's step time (with the stable's over the same rounds, stable_beside) and its
-    acceptance join the status (plan.autotune.record_trial, as decide_tuning keeps a
+    acceptance join the status (plan.rollout.autotune.record_trial, as decide_tuning keeps a
     trial's), and the
     canary's throughput verdict (tokens/s more than maxThroughputDrop, 2 %, below the
-    stable's fails, plan.analysis) is taken from the sweep's tokens/s. A passed trial serves;
+    stable's fails, plan.rollout.analysis) is taken from the sweep's tokens/s. A passed trial
+    serves;
     a failed one is rejected and the stable k is measured again, now with both step times.
     """
     tune = AutotuneSpec(
@@ -485,7 +486,7 @@ def summarise(
         "what": "tiny Llama target on the vLLM CPU engine, greedy; one engine per k, each beside "
         "the k=5 engine in alternating rounds (tokens/s: the median ratio to k=5's round, times "
         "k=5's median round); the "
-        "operator's choice is plan.autotune's, starting from k=5 and following its own "
+        "operator's choice is plan.rollout.autotune's, starting from k=5 and following its own "
         "recommendations through the sweep's measurements",
         "concurrency": meta["concurrency"],
         "requests_per_round": meta.get("requests_per_round"),

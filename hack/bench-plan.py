@@ -26,11 +26,11 @@ sys.path[:0] = [str(REPO / "operator")]
 
 from specdeploy.api.config import OperatorConfig  # noqa: E402
 from specdeploy.api.models import SizingDecision, SpeculativeDeployment  # noqa: E402
-from specdeploy.plan.children import build_revision_deployment  # noqa: E402
-from specdeploy.plan.gpu_catalog import catalog_for_config, read_gpu_inventories  # noqa: E402
-from specdeploy.plan.revision import revision_hash  # noqa: E402
-from specdeploy.plan.sizing import size_pair  # noqa: E402
-from specdeploy.plan.speculation import decide_speculation, served_spec  # noqa: E402
+from specdeploy.plan.children.manifests import build_revision_deployment  # noqa: E402
+from specdeploy.plan.children.revision import revision_hash  # noqa: E402
+from specdeploy.plan.placement.gpu_catalog import catalog_for_config, read_gpu_inventories  # noqa: E402
+from specdeploy.plan.placement.sizing import size_pair  # noqa: E402
+from specdeploy.plan.rollout.speculation import decide_speculation, served_spec  # noqa: E402
 
 ROUNDS = 2000
 REPEATS = 5

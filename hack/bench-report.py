@@ -465,7 +465,8 @@ LIMITS = {
         "window, and the engines, starved by the machine's load, drafted fewer (see the error)"
     ),
     "P3 bad canary": (
-        "each verdict is taken as its interval closes (plan.wakeup) and the rollback takes the "
+        "each verdict is taken as its interval closes (plan.rollout.wakeup) and the rollback "
+        "takes the "
         "canary's pod out of the Service at once; what remains is the data: a verdict needs "
         "minDraftTokens of draft tokens in its window, and a canary starved of CPU drafts fewer "
         "(Inconclusive: the analysis holds), and the analysis starts only when the canary's pod "
@@ -473,7 +474,8 @@ LIMITS = {
     ),
     "P3 collapse": (
         "the guard fires `for` after a reconcile first sees acceptance below its floor in "
-        "Prometheus (a scrape after the traffic), at the moment that falls due (plan.wakeup)"
+        "Prometheus (a scrape after the traffic), at the moment that falls due "
+        "(plan.rollout.wakeup)"
     ),
     "P4 autotune": (
         "the operator's model predicts from one window at the served k and the step times of "

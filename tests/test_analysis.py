@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from specdeploy.api.config import AnalysisSettings
-from specdeploy.plan.analysis import (
+from specdeploy.plan.rollout.analysis import (
     AnalysisState,
     IntervalVerdict,
     Measurement,

@@ -17,8 +17,10 @@ from specdeploy.api.models import (
     ScheduleStep,
     SpeculativeDeploymentSpec,
 )
-from specdeploy.plan.analysis import Outcome
-from specdeploy.plan.autotune import (
+from specdeploy.plan.children.revision import revision_hash
+from specdeploy.plan.children.vllm_args import schedule_ranges, speculative_config
+from specdeploy.plan.rollout.analysis import Outcome
+from specdeploy.plan.rollout.autotune import (
     AutotuneMeasurement,
     BatchCost,
     Prediction,
@@ -40,8 +42,6 @@ from specdeploy.plan.autotune import (
     tokens_per_second,
     tuned_spec,
 )
-from specdeploy.plan.revision import revision_hash
-from specdeploy.plan.vllm_args import schedule_ranges, speculative_config
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 

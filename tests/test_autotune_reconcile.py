@@ -6,8 +6,8 @@ import dataclasses
 from typing import Any
 
 from specdeploy.handlers.reconcile import Reconciler
-from specdeploy.plan.analysis import Measurement
-from specdeploy.plan.autotune import AutotuneMeasurement
+from specdeploy.plan.rollout.analysis import Measurement
+from specdeploy.plan.rollout.autotune import AutotuneMeasurement
 from test_canary import GOOD, World
 
 # The stable serves k=3 (sd_body); 1000 drafts accepted 0.9, 0.8, 0.7 at positions 0-2, a 13 ms

@@ -10,7 +10,7 @@ import pytest
 from fake_kube import FakeKube
 from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.reconcile import Reconciler
-from specdeploy.plan.analysis import Measurement
+from specdeploy.plan.rollout.analysis import Measurement
 from test_reconcile import NODES, sd_body
 
 GOOD = Measurement(acceptance_rate=0.8, mean_acceptance_length=3.2, draft_tokens=2412)

@@ -9,17 +9,17 @@ import pytest
 
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import MemoryBreakdown, SizingDecision, SpeculativeDeployment
-from specdeploy.plan.children import (
+from specdeploy.plan.children.manifests import (
     build_pod_monitor,
     build_pod_template,
     build_revision_deployment,
     build_service,
     pod_selector,
 )
-from specdeploy.plan.kueue import kueue_labels
-from specdeploy.plan.revision import revision_hash
-from specdeploy.plan.sizing import size_pair
-from specdeploy.plan.vllm_args import build_vllm_args
+from specdeploy.plan.children.revision import revision_hash
+from specdeploy.plan.children.vllm_args import build_vllm_args
+from specdeploy.plan.placement.kueue import kueue_labels
+from specdeploy.plan.placement.sizing import size_pair
 
 BODY: dict[str, Any] = {
     "apiVersion": "specdeploy.dev/v1alpha1",

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from specdeploy.api.models import CollapseGuardSpec, CollapseStatus
-from specdeploy.plan.analysis import Measurement
-from specdeploy.plan.collapse import RESUME_ANNOTATION, watch_collapse
+from specdeploy.plan.rollout.analysis import Measurement
+from specdeploy.plan.rollout.collapse import RESUME_ANNOTATION, watch_collapse
 from test_canary import GOOD, World
 
 GUARD = CollapseGuardSpec.model_validate({"floor": 0.5, "for": "60s", "action": "AlertOnly"})

@@ -1,4 +1,4 @@
-"""An engine that keeps exiting, read from its pods (plan.crash_loop)."""
+"""An engine that keeps exiting, read from its pods (plan.status.crash_loop)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from specdeploy.plan.crash_loop import read_crash_loop
+from specdeploy.plan.status.crash_loop import read_crash_loop
 
 
 def pod(

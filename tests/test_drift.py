@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from specdeploy.plan.drift import (
+from specdeploy.plan.children.drift import (
     APPLIED_HASH_ANNOTATION,
     decide_apply,
     differences,

@@ -26,8 +26,8 @@ from specdeploy.api.config import OperatorConfig
 from specdeploy.api.crd import REFUSED_EXTRA_FLAGS, refused_flags_regex
 from specdeploy.api.models import SpeculativeDeployment, SpeculativeDeploymentSpec
 from specdeploy.engine import launcher
-from specdeploy.plan.children import build_pod_template
-from specdeploy.plan.vllm_args import build_vllm_args
+from specdeploy.plan.children.manifests import build_pod_template
+from specdeploy.plan.children.vllm_args import build_vllm_args
 from test_engine_launcher import model_dir
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from specdeploy.adapters.model_config import ModelConfigUnavailableError, fetch_model_shape
-from specdeploy.plan.model_catalog import catalog_shape, shape_from_config
+from specdeploy.plan.placement.model_catalog import catalog_shape, shape_from_config
 
 LLAMA_8B_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],

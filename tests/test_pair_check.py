@@ -10,15 +10,15 @@ from specdeploy.api.models import (
     SpeculativeDeployment,
     SpeculativeDeploymentStatus,
 )
-from specdeploy.plan import pair_check
-from specdeploy.plan.conditions import ConditionUpdate
-from specdeploy.plan.pair_check import (
+from specdeploy.plan.rollout.revisions import RevisionDeployment, plan_rollout
+from specdeploy.plan.status import pair_check
+from specdeploy.plan.status.conditions import ConditionUpdate
+from specdeploy.plan.status.pair_check import (
     judge_pair,
     read_launcher_exits,
     shows_launcher_exit,
 )
-from specdeploy.plan.rollout import RevisionDeployment, plan_rollout
-from specdeploy.plan.status import ObservedRollout, build_status
+from specdeploy.plan.status.report import ObservedRollout, build_status
 
 LINE = "EAGLE-3 head expects target hidden size 512, but the target /m/target has hidden size 256"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from specdeploy.api.conditions import Reason
-from specdeploy.plan.placement import describe_shortage, judge_admission
+from specdeploy.plan.placement.admission import describe_shortage, judge_admission
 
 PENDING = (
     "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in "

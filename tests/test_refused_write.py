@@ -1,5 +1,6 @@
 """A child write the API server refuses for good: a condition that says so, and no retries until
-the spec changes (plan.refusal, the refused-write path of handlers.reconcile and adapters.kube)."""
+the spec changes (plan.status.refusal, the refused-write path of handlers.reconcile and
+adapters.kube)."""
 
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ import yaml
 
 from specdeploy.api.config import OperatorConfig
 from specdeploy.cli import EXIT_DOES_NOT_PLACE, EXIT_INVALID, EXIT_UNREADABLE, main
+from specdeploy.plan.children.drift import APPLIED_HASH_ANNOTATION
 from specdeploy.plan.decide import Snapshot, decide
-from specdeploy.plan.drift import APPLIED_HASH_ANNOTATION
-from specdeploy.plan.gpu_catalog import GPU_PRODUCTS, read_gpu_inventories
+from specdeploy.plan.placement.gpu_catalog import GPU_PRODUCTS, read_gpu_inventories
 from specdeploy.render import (
     DoesNotPlaceError,
     InvalidSpeculativeDeploymentError,

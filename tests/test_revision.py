@@ -10,8 +10,8 @@ import pytest
 
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SizingDecision, SpeculativeDeploymentSpec
-from specdeploy.plan.revision import revision_hash
-from specdeploy.plan.speculation import decide_speculation, served_spec
+from specdeploy.plan.children.revision import revision_hash
+from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 
 SPEC: dict[str, Any] = {
     "replicas": 2,

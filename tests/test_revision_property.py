@@ -30,9 +30,9 @@ from specdeploy.api.admission import admission_errors, apply_defaults, crd_schem
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.crd import structural_schema
 from specdeploy.api.models import API_VERSION, KIND, SizingDecision, SpeculativeDeployment
-from specdeploy.plan.children import build_revision_deployment
-from specdeploy.plan.revision import revision_hash
-from specdeploy.plan.speculation import decide_speculation, served_spec
+from specdeploy.plan.children.manifests import build_revision_deployment
+from specdeploy.plan.children.revision import revision_hash
+from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 
 METADATA = {"name": "chat", "namespace": "serving", "uid": "0b8c5c0e-uid"}
 

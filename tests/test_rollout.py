@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdeploy.api.conditions import Reason
-from specdeploy.plan.rollout import (
+from specdeploy.plan.rollout.revisions import (
     RevisionDeployment,
     plan_rollout,
     pods_of,

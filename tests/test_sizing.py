@@ -11,7 +11,7 @@ import yaml
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import ModelShape, SizingDecision
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
-from specdeploy.plan.gpu_catalog import (
+from specdeploy.plan.placement.gpu_catalog import (
     GPU_PRODUCTS,
     GpuNodeInventory,
     catalog_for_config,
@@ -19,8 +19,8 @@ from specdeploy.plan.gpu_catalog import (
     read_gpu_inventories,
     read_gpu_inventory,
 )
-from specdeploy.plan.model_catalog import catalog_shape
-from specdeploy.plan.sizing import (
+from specdeploy.plan.placement.model_catalog import catalog_shape
+from specdeploy.plan.placement.sizing import (
     ENGINE_OVERHEAD_GIB_PER_DEVICE,
     GIB,
     ShapeUnknown,
@@ -31,7 +31,7 @@ from specdeploy.plan.sizing import (
     size_pair,
     valid_tensor_parallel_sizes,
 )
-from specdeploy.plan.speculation import decide_speculation, served_spec
+from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 
 CONFIG = OperatorConfig()
 H100 = "NVIDIA-H100-80GB-HBM3"

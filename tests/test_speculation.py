@@ -6,7 +6,7 @@ import pytest
 
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
-from specdeploy.plan.speculation import decide_speculation, served_spec
+from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 
 CONFIG = OperatorConfig(batchQueues=["batch"])
 

@@ -10,10 +10,10 @@ from specdeploy.api.models import (
     SpeculationStatus,
     SpeculativeDeployment,
 )
-from specdeploy.plan.conditions import ConditionUpdate, find_condition, set_condition
-from specdeploy.plan.pair_check import judge_pair
-from specdeploy.plan.rollout import RevisionDeployment, RolloutPlan
-from specdeploy.plan.status import (
+from specdeploy.plan.rollout.revisions import RevisionDeployment, RolloutPlan
+from specdeploy.plan.status.conditions import ConditionUpdate, find_condition, set_condition
+from specdeploy.plan.status.pair_check import judge_pair
+from specdeploy.plan.status.report import (
     ObservedRollout,
     build_status,
     condition_events,

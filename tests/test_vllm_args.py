@@ -12,8 +12,8 @@ from specdeploy.api.config import OperatorConfig
 from specdeploy.api.contract import OPERATOR_OWNED_FLAGS
 from specdeploy.api.models import ScheduleStep, SizingDecision, SpeculativeDeployment
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
-from specdeploy.plan.speculation import decide_speculation, served_spec
-from specdeploy.plan.vllm_args import build_vllm_args, schedule_ranges
+from specdeploy.plan.children.vllm_args import build_vllm_args, schedule_ranges
+from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CONFIG = OperatorConfig.from_mapping({"batchQueues": ["batch"]})

@@ -1,4 +1,4 @@
-"""A verdict is taken when it falls due, not at the next periodic round (plan.wakeup)."""
+"""A verdict is taken when it falls due, not at the next periodic round (plan.rollout.wakeup)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import cast
 from specdeploy.api.models import AnalysisStatus, CollapseStatus
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.handlers.run import reconcile_when_due
-from specdeploy.plan.wakeup import MARGIN, next_collapse_at, next_verdict_at, next_wake
+from specdeploy.plan.rollout.wakeup import MARGIN, next_collapse_at, next_verdict_at, next_wake
 from test_canary import BAD, started
 
 START = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

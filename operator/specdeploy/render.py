@@ -8,10 +8,11 @@ snapshot of an empty namespace with the given nodes, exactly as the reconcile ru
 
 Two differences with what the operator applies, both because a file has no object on a
 cluster behind it: without `metadata.uid` (a CR not yet applied) the children carry no
-ownerReferences and no applied-hash annotation (`plan.drift`), which both depend on the uid.
+ownerReferences and no applied-hash annotation (`plan.children.drift`), which both depend on the
+uid.
 Render the output of `kubectl get sd NAME -o yaml` and they are there too, byte for byte.
 
-The pair's compatibility (plan/pair_check.py) is judged by the engine launcher reading the
+The pair's compatibility (plan/status/pair_check.py) is judged by the engine launcher reading the
 models' config.json inside the pod, so render cannot tell; nor does it read config.json of a
 model outside the shipped catalog: such a model needs `shape` in the spec.
 """
@@ -37,9 +38,10 @@ from specdeploy.api.models import (
     SpeculationStatus,
     SpeculativeDeployment,
 )
+from specdeploy.plan.children.drift import APPLIED_HASH_ANNOTATION
+from specdeploy.plan.children.vllm_args import build_vllm_args
 from specdeploy.plan.decide import Snapshot, decide, serve_pair
-from specdeploy.plan.drift import APPLIED_HASH_ANNOTATION
-from specdeploy.plan.gpu_catalog import (
+from specdeploy.plan.placement.gpu_catalog import (
     COUNT_LABEL,
     MEMORY_LABEL,
     MIG_STRATEGY_LABEL,
@@ -49,9 +51,8 @@ from specdeploy.plan.gpu_catalog import (
     catalog_for_config,
     read_gpu_inventories,
 )
-from specdeploy.plan.sizing import kv_budget_tokens
-from specdeploy.plan.speculation import decide_speculation
-from specdeploy.plan.vllm_args import build_vllm_args
+from specdeploy.plan.placement.sizing import kv_budget_tokens
+from specdeploy.plan.rollout.speculation import decide_speculation
 
 # The uid given to a CR that has none, so the children can be built; its traces are removed.
 _PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"

@@ -1,6 +1,6 @@
 -- Argo CD health check for specdeploy.dev/SpeculativeDeployment.
 --
--- Read from what the operator writes (operator/specdeploy/plan/status.py): status.observedGeneration,
+-- Read from what the operator writes (operator/specdeploy/plan/status/report.py): status.observedGeneration,
 -- status.phase (Pending, Progressing, Canary, Serving, Degraded, RolledBack, Failed) and the
 -- conditions Ready, Progressing and Degraded (operator/specdeploy/api/conditions.py).
 --   Progressing  no status yet, a spec not yet observed, pods starting, waiting for Kueue quota,

@@ -2,7 +2,7 @@
 
 Every write goes through `KubeAdapter`, which counts the non-GET requests it sends and logs each
 one (`api write: PATCH /apis/...`), so a steady cluster can be shown to receive none. Whether a
-write is needed is decided in plan/ (plan.drift), never here.
+write is needed is decided in plan/ (plan.children.drift), never here.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class KubeAdapter:
         items: list[dict[str, Any]] = found.get("items") or []
         for item in items:
             # A LIST's items carry no apiVersion and kind (a watch event's and a GET's do), and
-            # plan.drift compares them with the desired manifest's.
+            # plan.children.drift compares them with the desired manifest's.
             item.setdefault("apiVersion", found.get("apiVersion"))
             item.setdefault("kind", kind.kind)
         return items, int(version) if version.isdigit() else -1
@@ -300,7 +300,7 @@ class KubeAdapter:
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
         """Server-side applies `manifest` as field manager `specdeploy`, taking over any field
-        another manager changed (plan.drift decides whether a write is needed at all).
+        another manager changed (plan.children.drift decides whether a write is needed at all).
         WriteRefusedError when the API server refuses it for good (400/422)."""
         body = json.loads(json.dumps(manifest))
         resource = self._resource(body["apiVersion"], body["kind"])

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from specdeploy.api.conditions import Reason
-from specdeploy.plan.rollout import RolloutEvent
+from specdeploy.plan.rollout.revisions import RolloutEvent
 
 VERDICT_RESULTS = {
     Reason.ANALYSIS_PASSED: "Pass",

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specdeploy.api.models import ModelShape
-from specdeploy.plan.model_catalog import shape_from_config
+from specdeploy.plan.placement.model_catalog import shape_from_config
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 

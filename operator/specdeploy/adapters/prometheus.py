@@ -20,8 +20,8 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.exceptions import RequestException
 from urllib3.util.retry import Retry
 
-from specdeploy.plan.analysis import Measurement
-from specdeploy.plan.autotune import AutotuneMeasurement
+from specdeploy.plan.rollout.analysis import Measurement
+from specdeploy.plan.rollout.autotune import AutotuneMeasurement
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"

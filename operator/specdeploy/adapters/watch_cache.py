@@ -263,7 +263,7 @@ PODS = Kind(
     True,
     True,
     ("", "v1", "pods"),
-    # plan.placement reads the gates; the containers are the Deployment's (cached there).
+    # plan.placement.admission reads the gates; the containers are the Deployment's (cached there).
     keep_spec=frozenset({"schedulingGates", "nodeName"}),
 )
 NODES = Kind("nodes", "v1", None, "Node", False, False, ("", "v1", "nodes"))
@@ -275,7 +275,7 @@ WORKLOADS = Kind(
     True,
     False,
     ("kueue.x-k8s.io", None, "workloads"),
-    # plan.placement reads the owners and the conditions, never the pod sets' templates.
+    # plan.placement.admission reads the owners and the conditions, never the pod sets' templates.
     keep=frozenset({"apiVersion", "kind", "metadata", "status"}),
 )
 LOCAL_QUEUES = Kind(

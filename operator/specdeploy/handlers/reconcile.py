@@ -27,15 +27,15 @@ from specdeploy.api import labels
 from specdeploy.api.conditions import Reason
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SpeculativeDeployment, SpeculativeDeploymentStatus
-from specdeploy.plan.analysis import RFC3339, Measurement
-from specdeploy.plan.autotune import AutotuneMeasurement, measurement_due
-from specdeploy.plan.children import RECORD_API_VERSION, RECORD_KIND
+from specdeploy.plan.children.manifests import RECORD_API_VERSION, RECORD_KIND
 from specdeploy.plan.decide import Decision, Snapshot, decide, watches_acceptance
-from specdeploy.plan.gpu_catalog import catalog_for_config
-from specdeploy.plan.refusal import RefusedWrite, refusal_status, refused_generation
-from specdeploy.plan.rollout import read_revision_deployment
-from specdeploy.plan.sizing import models_needing_shapes
-from specdeploy.plan.speculation import decide_speculation, served_spec
+from specdeploy.plan.placement.gpu_catalog import catalog_for_config
+from specdeploy.plan.placement.sizing import models_needing_shapes
+from specdeploy.plan.rollout.analysis import RFC3339, Measurement
+from specdeploy.plan.rollout.autotune import AutotuneMeasurement, measurement_due
+from specdeploy.plan.rollout.revisions import read_revision_deployment
+from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
+from specdeploy.plan.status.refusal import RefusedWrite, refusal_status, refused_generation
 
 log = logging.getLogger("specdeploy.reconcile")
 
@@ -121,7 +121,7 @@ class Reconciler:
         generation = (body.get("metadata") or {}).get("generation")
         if refused_generation(status, generation) is not None:
             # A child write of this generation was refused for good: nothing is sent until
-            # the spec changes (plan.refusal).
+            # the spec changes (plan.status.refusal).
             log.debug("%s/%s: generation %s refused; not retried", namespace, name, generation)
             return
         writes = self.kube.write_requests
@@ -228,7 +228,7 @@ class Reconciler:
     ) -> AutotuneMeasurement | None:
         """The stable revision's speculation figures (with `trial`, those of the autotuner's
         revision under trial), when spec.pair.draft.autotune is on and its last recommendation
-        is an analysis interval old (see plan.autotune)."""
+        is an analysis interval old (see plan.rollout.autotune)."""
         status = sd.status
         previous = status.autotune if status else None
         if trial:

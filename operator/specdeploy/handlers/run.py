@@ -5,7 +5,7 @@ Deployments and their records, the Service, the PodMonitor) all call the same le
 reconcile, which is how a change made to a child out of band is set back at once; a periodic
 round (`reconcile_periodically`) reconciles every SD every `reconcileIntervalSeconds`, and
 `reconcile_when_due` reconciles an SD as its next canary verdict or collapse guard falls due
-(plan.wakeup).
+(plan.rollout.wakeup).
 
 No handler needs a finalizer, so none is set (kopf removes the `specdeploy.dev/finalizer` an
 older operator left): SDs and their namespaces can be deleted while the operator is not
@@ -41,7 +41,7 @@ from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import PLURAL
 from specdeploy.handlers.leadership import LeaseElector, default_identity, serve_standby_probe
 from specdeploy.handlers.reconcile import Reconciler
-from specdeploy.plan.pair_check import shows_launcher_exit
+from specdeploy.plan.status.pair_check import shows_launcher_exit
 
 FINALIZER = "specdeploy.dev/finalizer"
 ANNOTATION_PREFIX = "specdeploy.dev"

@@ -28,7 +28,20 @@ from specdeploy.api.models import (
     SpeculativeDeploymentSpec,
     SpeculativeDeploymentStatus,
 )
-from specdeploy.plan.analysis import (
+from specdeploy.plan.children.drift import decide_apply, drift_event, with_applied_hash
+from specdeploy.plan.children.manifests import (
+    build_pod_monitor,
+    build_revision_deployment,
+    build_revision_record,
+    build_service,
+    deployment_from_record,
+    pod_selector,
+)
+from specdeploy.plan.children.revision import revision_hash
+from specdeploy.plan.placement.admission import judge_admission
+from specdeploy.plan.placement.gpu_catalog import GpuNodeInventory, GpuProduct, read_gpu_inventories
+from specdeploy.plan.placement.sizing import ShapeUnknown, Unschedulable, keep_sizing, size_pair
+from specdeploy.plan.rollout.analysis import (
     RFC3339,
     CanaryJudgement,
     Measurement,
@@ -37,23 +50,9 @@ from specdeploy.plan.analysis import (
     duration_seconds,
     judge_canary,
 )
-from specdeploy.plan.autotune import AutotuneMeasurement, tune_deployment, tuned_spec
-from specdeploy.plan.children import (
-    build_pod_monitor,
-    build_revision_deployment,
-    build_revision_record,
-    build_service,
-    deployment_from_record,
-    pod_selector,
-)
-from specdeploy.plan.collapse import RESUME_ANNOTATION, watch_collapse
-from specdeploy.plan.crash_loop import read_crash_loop
-from specdeploy.plan.drift import decide_apply, drift_event, with_applied_hash
-from specdeploy.plan.gpu_catalog import GpuNodeInventory, GpuProduct, read_gpu_inventories
-from specdeploy.plan.pair_check import judge_pair
-from specdeploy.plan.placement import judge_admission
-from specdeploy.plan.revision import revision_hash
-from specdeploy.plan.rollout import (
+from specdeploy.plan.rollout.autotune import AutotuneMeasurement, tune_deployment, tuned_spec
+from specdeploy.plan.rollout.collapse import RESUME_ANNOTATION, watch_collapse
+from specdeploy.plan.rollout.revisions import (
     RevisionDeployment,
     RolloutEvent,
     RolloutPlan,
@@ -61,15 +60,16 @@ from specdeploy.plan.rollout import (
     read_revision_deployment,
     resolve_stable,
 )
-from specdeploy.plan.sizing import ShapeUnknown, Unschedulable, keep_sizing, size_pair
-from specdeploy.plan.speculation import decide_speculation, served_spec
-from specdeploy.plan.status import (
+from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
+from specdeploy.plan.rollout.wakeup import next_wake
+from specdeploy.plan.status.crash_loop import read_crash_loop
+from specdeploy.plan.status.pair_check import judge_pair
+from specdeploy.plan.status.report import (
     ObservedRollout,
     build_status,
     condition_events,
     status_patch,
 )
-from specdeploy.plan.wakeup import next_wake
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class Decision:
     shape_unknown: str | None = None
     #: The serving revision's acceptance rate as the status now holds it (for /metrics).
     acceptance_rate: float | None = None
-    #: When the SD next has a verdict due (plan.wakeup): reconcile it again then.
+    #: When the SD next has a verdict due (plan.rollout.wakeup): reconcile it again then.
     wake_at: datetime | None = None
 
 
@@ -540,7 +540,7 @@ def _children(
     config: OperatorConfig,
     revisions: Sequence[RevisionDeployment],
 ) -> _Children:
-    """The manifest of every child, and which of them need a write (see plan.drift)."""
+    """The manifest of every child, and which of them need a write (see plan.children.drift)."""
     records = {r: rec for rec in snapshot.records if (r := _owned_revision(rec)) is not None}
     live: dict[tuple[str, str], Mapping[str, Any] | None] = {
         ("Deployment", d["metadata"]["name"]): d for d in snapshot.deployments

@@ -25,12 +25,12 @@ from specdeploy.api.models import (
     SpeculativeDeploymentStatus,
     Verdict,
 )
-from specdeploy.plan.analysis import RFC3339, CanaryJudgement, Measurement, Outcome
-from specdeploy.plan.collapse import GuardVerdict
-from specdeploy.plan.conditions import ConditionUpdate, set_conditions
-from specdeploy.plan.crash_loop import CrashLoop
-from specdeploy.plan.pair_check import PairVerdict
-from specdeploy.plan.rollout import RevisionDeployment, RolloutEvent, RolloutPlan
+from specdeploy.plan.rollout.analysis import RFC3339, CanaryJudgement, Measurement, Outcome
+from specdeploy.plan.rollout.collapse import GuardVerdict
+from specdeploy.plan.rollout.revisions import RevisionDeployment, RolloutEvent, RolloutPlan
+from specdeploy.plan.status.conditions import ConditionUpdate, set_conditions
+from specdeploy.plan.status.crash_loop import CrashLoop
+from specdeploy.plan.status.pair_check import PairVerdict
 
 
 def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:

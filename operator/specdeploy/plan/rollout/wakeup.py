@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from specdeploy.api.models import AnalysisStatus, CollapseStatus
-from specdeploy.plan.analysis import RFC3339, Outcome, duration_seconds
+from specdeploy.plan.rollout.analysis import RFC3339, Outcome, duration_seconds
 
 #: Past the computed moment: the interval has surely closed (status times are whole seconds).
 MARGIN = timedelta(milliseconds=50)

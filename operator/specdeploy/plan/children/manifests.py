@@ -16,10 +16,14 @@ from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import API_VERSION, KIND, SizingDecision, SpeculativeDeployment
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
-from specdeploy.plan.kueue import kueue_labels
-from specdeploy.plan.revision import engine_image
-from specdeploy.plan.sizing import cpu_kv_space_gib, download_storage
-from specdeploy.plan.vllm_args import MODEL_MOUNT_PATH, build_vllm_args, tensor_parallel_size
+from specdeploy.plan.children.revision import engine_image
+from specdeploy.plan.children.vllm_args import (
+    MODEL_MOUNT_PATH,
+    build_vllm_args,
+    tensor_parallel_size,
+)
+from specdeploy.plan.placement.kueue import kueue_labels
+from specdeploy.plan.placement.sizing import cpu_kv_space_gib, download_storage
 
 CONTAINER_NAME = "engine"
 PORT_NAME = "http"
@@ -278,7 +282,7 @@ def build_revision_deployment(
 ) -> dict[str, Any]:
     """The Deployment of one revision with `replicas` pods.
 
-    sd.spec must be the served spec (plan.speculation.served_spec) and `revision` its
+    sd.spec must be the served spec (plan.rollout.speculation.served_spec) and `revision` its
     revision_hash with the same sizing and config. The selector includes the revision label,
     so this Deployment only ever owns pods of this exact pair.
     """

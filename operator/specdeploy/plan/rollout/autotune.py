@@ -60,8 +60,8 @@ from specdeploy.api.models import (
     SpeculativeDeployment,
     SpeculativeDeploymentSpec,
 )
-from specdeploy.plan.analysis import RFC3339, Outcome, duration_seconds
-from specdeploy.plan.rollout import RolloutEvent
+from specdeploy.plan.rollout.analysis import RFC3339, Outcome, duration_seconds
+from specdeploy.plan.rollout.revisions import RolloutEvent
 
 #: Each position beyond the measured ones keeps at most this share of the previous
 #: position's conditional acceptance.

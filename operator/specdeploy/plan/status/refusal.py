@@ -16,7 +16,7 @@ from typing import Any
 
 from specdeploy.api.conditions import ConditionType, Phase, Reason
 from specdeploy.api.models import SpeculativeDeploymentStatus
-from specdeploy.plan.conditions import ConditionUpdate, find_condition, set_conditions
+from specdeploy.plan.status.conditions import ConditionUpdate, find_condition, set_conditions
 
 #: Longest API server message kept in a condition (Events take 1 KiB).
 MAX_MESSAGE = 900

@@ -24,7 +24,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from specdeploy.api.conditions import Reason
-from specdeploy.plan.rollout import RolloutEvent
+from specdeploy.plan.rollout.revisions import RolloutEvent
 
 APPLIED_HASH_ANNOTATION = "specdeploy.dev/applied-hash"
 

@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 
 from specdeploy.api.conditions import Reason
 from specdeploy.api.models import CollapseGuardSpec, CollapseStatus
-from specdeploy.plan.analysis import RFC3339, Measurement, duration_seconds
-from specdeploy.plan.rollout import RolloutEvent
+from specdeploy.plan.rollout.analysis import RFC3339, Measurement, duration_seconds
+from specdeploy.plan.rollout.revisions import RolloutEvent
 
 HYSTERESIS = 0.05
 RESUME_ANNOTATION = "specdeploy.dev/resume-speculation"

@@ -1,6 +1,6 @@
 """Kueue placement as a pure function: the Admitted condition.
 
-The speculation policy per queue lives in `specdeploy.plan.speculation`.
+The speculation policy per queue lives in `specdeploy.plan.rollout.speculation`.
 
 Kueue gates each pod with the scheduling gate `kueue.x-k8s.io/admission` until its Workload is
 admitted. A pending Workload's QuotaReserved condition says what the ClusterQueue lacks
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specdeploy.api.conditions import ConditionType, Reason
-from specdeploy.plan.conditions import ConditionUpdate
+from specdeploy.plan.status.conditions import ConditionUpdate
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 QUOTA_SHORTAGE = re.compile(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import MemoryBreakdown, ModelShape, SizingDecision
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
-from specdeploy.plan.gpu_catalog import (
+from specdeploy.plan.placement.gpu_catalog import (
     GPU_PRODUCTS,
     PRODUCT_LABEL,
     WHOLE_GPU_RESOURCE,
@@ -30,7 +30,7 @@ from specdeploy.plan.gpu_catalog import (
     catalog_for_config,
     find_product,
 )
-from specdeploy.plan.model_catalog import (
+from specdeploy.plan.placement.model_catalog import (
     bytes_per_parameter,
     catalog_shape,
     eagle3_head_shape_for,

@@ -31,8 +31,8 @@ from specdeploy.api import labels
 from specdeploy.api.conditions import ConditionType, Reason, RevisionPhase
 from specdeploy.api.contract import EXIT_MODEL_UNAVAILABLE, EXIT_PAIR_INCOMPATIBLE, EXIT_USAGE
 from specdeploy.api.models import Condition, SpeculativeDeploymentStatus
-from specdeploy.plan.conditions import ConditionUpdate
-from specdeploy.plan.rollout import RolloutEvent
+from specdeploy.plan.rollout.revisions import RolloutEvent
+from specdeploy.plan.status.conditions import ConditionUpdate
 
 ENGINE_CONTAINER = "engine"
 #: The launcher's exits that a restart cannot change: the revision is stopped.

@@ -34,8 +34,8 @@ from typing import Any
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SizingDecision
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
-from specdeploy.plan.sizing import cpu_kv_space_gib, download_storage
-from specdeploy.plan.vllm_args import build_vllm_args
+from specdeploy.plan.children.vllm_args import build_vllm_args
+from specdeploy.plan.placement.sizing import cpu_kv_space_gib, download_storage
 
 REVISION_LENGTH = 10
 # Bump when the pod template changes shape for the same inputs (a new operator feature), so
@@ -107,7 +107,7 @@ def revision_inputs(
 def revision_hash(spec: Spec, sizing: SizingDecision | None, config: OperatorConfig) -> str:
     """10 lowercase hex characters naming the pods this served spec and sizing give.
 
-    `spec` is the served spec (plan.speculation.served_spec), `sizing` the decision the pods
+    `spec` is the served spec (plan.rollout.speculation.served_spec), `sizing` the decision the pods
     get (None: no GPU resources, e.g. a CPU engine).
     """
     canonical = json.dumps(

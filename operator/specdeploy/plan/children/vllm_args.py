@@ -92,7 +92,7 @@ def speculative_config(spec: Spec, sizing: SizingDecision | None) -> dict[str, A
 
 
 def build_vllm_args(spec: Spec, sizing: SizingDecision | None) -> list[str]:
-    """The `vllm serve` arguments for the served spec (see plan.speculation.served_spec).
+    """The `vllm serve` arguments for the served spec (see plan.rollout.speculation.served_spec).
 
     Order: the model (positional), `--revision` (hub models only), `--served-model-name`,
     `--host`/`--port` as $(SPECDEPLOY_HOST)/$(SPECDEPLOY_PORT), `--tensor-parallel-size`,
