@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 RUN := .run
 export SPECDEPLOY_CACHE ?= $(HOME)/.cache/specdeploy
-export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/e2e
+export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/e2e:$(CURDIR)
 
 .PHONY: help
 help: ## List the targets
@@ -26,8 +26,8 @@ venv: $(VENV)/.installed ## Create the project virtualenv
 
 .PHONY: lint
 lint: venv chart-scan ## ruff, mypy --strict, docs/crd-reference.md current, and the chart's manifest scan
-	$(VENV)/bin/ruff check operator tests e2e hack
-	$(VENV)/bin/ruff format --check operator tests e2e hack
+	$(VENV)/bin/ruff check operator tests e2e hack bench
+	$(VENV)/bin/ruff format --check operator tests e2e hack bench
 	$(VENV)/bin/mypy
 	$(PY) hack/crd_reference.py --check
 
@@ -37,8 +37,8 @@ chart-scan: tools ## Scan the rendered chart with checkov (.checkov.yaml says wh
 
 .PHONY: fmt
 fmt: venv ## Format the code
-	$(VENV)/bin/ruff check --fix operator tests e2e hack
-	$(VENV)/bin/ruff format operator tests e2e hack
+	$(VENV)/bin/ruff check --fix operator tests e2e hack bench
+	$(VENV)/bin/ruff format operator tests e2e hack bench
 
 .PHONY: unit
 unit: venv ## Unit tests (no cluster; the chart's helm tests run under chart-lint)
@@ -112,7 +112,7 @@ e2e: venv tools system-deps engine-venv prometheus-operator-crd ## End-to-end te
 
 .PHONY: soak
 soak: venv tools system-deps engine-venv prometheus-operator-crd ## Operator SIGKILLed 20+ times during real canaries and a collapse (not in CI); bench/results/soak.*
-	$(PY) hack/soak.py
+	$(PY) -m bench.soak
 
 .PHONY: demo
 demo: venv tools system-deps engine-venv prometheus-operator-crd ## Local cluster + operator + CPU vLLM: a good pair served, a mismatched one refused (KEEP=1 leaves it running)
@@ -128,31 +128,31 @@ BENCH_ENGINE_CLUSTER_ARGS ?= --runs 5 --requests 8 --rounds 5 --max-tokens 128
 
 .PHONY: bench-engine
 bench-engine: venv engine-venv ## CPU engine tokens/s and latency with and without speculation
-	$(PY) hack/bench-engine.py $(BENCH_ENGINE_ARGS)
+	$(PY) -m bench.engine_speed $(BENCH_ENGINE_ARGS)
 
 .PHONY: bench-autotune
 bench-autotune: venv engine-venv ## P4: the autotuner's k against a sweep of k=1..8 on the CPU engine (not in CI)
-	$(PY) hack/bench-autotune.py
+	$(PY) -m bench.autotune
 
 .PHONY: bench-plan
 bench-plan: venv ## Cost of one reconcile's pure decisions per example (no cluster)
-	$(PY) hack/bench-plan.py
+	$(PY) -m bench.plan_cost
 
 .PHONY: bench-rollout
 bench-rollout: venv tools system-deps ## P1 on KWOK pods: SD -> Ready vs a raw Deployment -> ready
-	$(PY) hack/bench-operator.py p1
+	$(PY) -m bench.operator_cost p1
 
 .PHONY: bench-scale
 bench-scale: venv tools system-deps ## P2: 10/100/1,000 SDs under one operator (BENCH_SCALE_COUNTS)
-	$(PY) hack/bench-operator.py scale --counts $(BENCH_SCALE_COUNTS)
+	$(PY) -m bench.operator_cost scale --counts $(BENCH_SCALE_COUNTS)
 
 .PHONY: bench-engine-cluster
 bench-engine-cluster: venv tools system-deps engine-venv ## P1 with CPU engines, P3 reaction, P4 pass-through
-	$(PY) hack/bench-engine-cluster.py p1 p3 $(BENCH_ENGINE_CLUSTER_ARGS)
+	$(PY) -m bench.passthrough p1 p3 $(BENCH_ENGINE_CLUSTER_ARGS)
 
 .PHONY: bench-report
 bench-report: venv ## bench/results/report.md, its plots and the table in docs/benchmarks.md
-	$(PY) hack/bench-report.py
+	$(PY) -m bench.report
 
 BENCH_PARTS := bench-plan bench-rollout bench-engine-cluster bench-engine bench-autotune bench-scale
 

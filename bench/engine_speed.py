@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Benchmark the CPU engine with and without speculation (the good draft) at several concurrencies.
 
-    make bench-engine            # or: PYTHONPATH=operator:e2e python hack/bench-engine.py
+    make bench-engine            # or: PYTHONPATH=operator:e2e:. python -m bench.engine_speed
 
 Starts one engine at a time through the launcher (the tiny target alone, then with the good
 draft_model), sends a bounded number of greedy completions at each concurrency, and writes
@@ -13,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -23,10 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "e2e"), str(REPO / "operator")]
-
-from engine_harness import (  # noqa: E402
+from bench.record import REPO, LoadWatch, machine
+from engine_harness import (
     ACCEPTED_TOKENS,
     DRAFT_TOKENS,
     EngineServer,
@@ -80,7 +75,7 @@ def run_level(
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "engine-cpu.json"))
     parser.add_argument("--concurrency", default="1,4,16")
@@ -93,7 +88,7 @@ def main() -> int:
         action="store_true",
         help="LD_PRELOAD the engine venv's Intel OpenMP (vLLM's advice for CPU speculation)",
     )
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     levels = [int(c) for c in opts.concurrency.split(",")]
 
     python = engine_python_path()
@@ -119,6 +114,7 @@ def main() -> int:
         },
     }
     results: dict[str, Any] = {}
+    loads: dict[str, Any] = {}
     for mode, spec in modes.items():
         port = free_port()
         args = vllm_args(models["target"], port, speculative=spec)
@@ -127,17 +123,20 @@ def main() -> int:
             startup = server.wait_ready()
             server.complete(PROMPTS[0], max_tokens=8)  # warm-up
             runs = []
-            for level in levels:
-                requests = opts.requests_per_level or max(16, 4 * level)
-                repeats = [
-                    run_level(server, level, requests, opts.max_tokens) for _ in range(opts.repeats)
-                ]
-                repeats.sort(key=lambda r: float(r["output_tokens_per_s"]))
-                median = dict(repeats[len(repeats) // 2])
-                median["output_tokens_per_s_all"] = [r["output_tokens_per_s"] for r in repeats]
-                runs.append(median)
-                print(f"{mode} c={level}: {json.dumps(median)}", file=sys.stderr)
+            with LoadWatch(mode) as load:
+                for level in levels:
+                    requests = opts.requests_per_level or max(16, 4 * level)
+                    repeats = [
+                        run_level(server, level, requests, opts.max_tokens)
+                        for _ in range(opts.repeats)
+                    ]
+                    repeats.sort(key=lambda r: float(r["output_tokens_per_s"]))
+                    median = dict(repeats[len(repeats) // 2])
+                    median["output_tokens_per_s_all"] = [r["output_tokens_per_s"] for r in repeats]
+                    runs.append(median)
+                    print(f"{mode} c={level}: {json.dumps(median)}", file=sys.stderr)
             results[mode] = {"startup_s": round(startup, 1), "runs": runs}
+            loads[mode] = load.summary()
         finally:
             server.stop()
 
@@ -162,9 +161,9 @@ def main() -> int:
         "max_tokens": opts.max_tokens,
         "repeats_per_level": opts.repeats,
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1", **env},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
         "results": results,
+        "load": loads,
         "speedup_with_speculation": speedup,
     }
     out = Path(opts.out)
@@ -176,4 +175,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

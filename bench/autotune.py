@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """P4: the autotuner's choice of k against an exhaustive sweep on the real CPU engine.
 
-    make bench-autotune          # or: PYTHONPATH=operator:e2e python hack/bench-autotune.py
+    make bench-autotune          # or: PYTHONPATH=operator:e2e:. python -m bench.autotune
 
 For each workload (the tiny target with a draft that predicts it well, draft-small, and one
 that predicts it badly, draft-bad), one engine per k = 1..8 is started through the launcher,
@@ -43,11 +42,8 @@ from prometheus_client.parser import text_string_to_metric_families
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "e2e"), str(REPO / "operator")]
-
-from bench_common import machine  # noqa: E402
-from engine_harness import (  # noqa: E402
+from bench.record import REPO, machine
+from engine_harness import (
     EngineServer,
     build_tiny_models,
     engine_python_path,
@@ -56,9 +52,9 @@ from engine_harness import (  # noqa: E402
     start_engine,
     vllm_args,
 )
-from specdeploy.api.config import AnalysisSettings  # noqa: E402
-from specdeploy.api.models import AutotuneSpec, AutotuneStatus  # noqa: E402
-from specdeploy.plan.rollout.autotune import (  # noqa: E402
+from specdeploy.api.config import AnalysisSettings
+from specdeploy.api.models import AutotuneSpec, AutotuneStatus
+from specdeploy.plan.rollout.autotune import (
     DEFAULT_DRAFT_COST_RATIO,
     AutotuneMeasurement,
     recommend,
@@ -533,7 +529,7 @@ def save_raw(
     path.write_text(json.dumps(body, indent=2) + "\n")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "autotune.json"))
     parser.add_argument("--ks", default="1,2,3,4,5,6,7,8")
@@ -566,7 +562,7 @@ def main() -> int:
         help="with --from-json: measure the operator's k against the sweep's best side by side "
         "again (starts two engines per workload where they differ)",
     )
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     if opts.confirm_again and not opts.from_json:
         parser.error("--confirm-again needs --from-json (the sweep whose k it compares)")
     out = Path(opts.out)
@@ -663,4 +659,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

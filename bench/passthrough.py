@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """The operator with real CPU engines (process kubelet): rollout overhead (P1), pass-through of the
 engine it starts (P4), and how fast a bad canary and a collapse are acted on (P3).
 
-    make bench-engine-cluster   # or: PYTHONPATH=operator:e2e python hack/bench-engine-cluster.py
+    make bench-engine-cluster   # or: PYTHONPATH=operator:e2e:. python -m bench.passthrough p1 p3
 
 p1+p4: the tiny pair as an SD (apply -> Ready) and the same pod template as a raw Deployment
 (create -> ready replicas), alternating; while the SD's engine serves, streamed completions
@@ -26,8 +25,8 @@ import contextlib
 import copy
 import json
 import os
+import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -37,20 +36,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_common import (
+from bench.bed import (
     Bed,
     free_port,
     log,
-    median,
     poll_until,
     raw_copy,
     sd_ready,
     time_deployment_ready,
     time_sd_ready,
-    write_result,
 )
+from bench.record import write_result
 from engine_cluster import (
     engine_url,
     operator_config,
@@ -128,7 +124,7 @@ def measure_engine(url: str, model: str, requests: int, max_tokens: int) -> dict
         "max_tokens": max_tokens,
         "output_tokens": tokens,
         "tokens_per_s": round(tokens / sum(walls), 2),
-        "itl_median_ms": round(median(itls) * 1000, 2),
+        "itl_median_ms": round(statistics.median(itls) * 1000, 2),
     }
 
 
@@ -270,9 +266,9 @@ def p1_and_p4(
         "runs": runs,
         "sd_seconds": [round(t, 2) for t in sd_times],
         "raw_seconds": [round(t, 2) for t in raw_times],
-        "sd_median_s": round(median(sd_times), 2),
-        "raw_median_s": round(median(raw_times), 2),
-        "ratio": round(median(sd_times) / median(raw_times), 3),
+        "sd_median_s": round(statistics.median(sd_times), 2),
+        "raw_median_s": round(statistics.median(raw_times), 2),
+        "ratio": round(statistics.median(sd_times) / statistics.median(raw_times), 3),
         "target_ratio": 1.05,
     }
     return p1, passthrough
@@ -373,8 +369,8 @@ def p4(
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over the rounds of one side, with every round kept."""
     return {
-        "tokens_per_s": round(median([r["tokens_per_s"] for r in rounds]), 2),
-        "itl_median_ms": round(median([r["itl_median_ms"] for r in rounds]), 2),
+        "tokens_per_s": round(statistics.median([r["tokens_per_s"] for r in rounds]), 2),
+        "itl_median_ms": round(statistics.median([r["itl_median_ms"] for r in rounds]), 2),
         "tokens_per_s_rounds": [r["tokens_per_s"] for r in rounds],
         "itl_ms_rounds": [r["itl_median_ms"] for r in rounds],
         "requests": sum(r["requests"] for r in rounds),
@@ -542,7 +538,7 @@ def p3(bed: Bed, python: Path, models: dict[str, str], workdir: Path) -> dict[st
     return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("parts", nargs="*", default=["p1", "p3"], choices=["p1", "p3"])
     parser.add_argument("--runs", type=int, default=2, help="P1 runs of each kind")
@@ -552,7 +548,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4, help="P4 alternating rounds")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--workdir", default=None, help="keep logs here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     bed = Bed()
     python = engine_python_path()
     models = build_tiny_models(python)
@@ -575,4 +571,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

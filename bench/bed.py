@@ -1,19 +1,15 @@
 """What the operator benchmarks share: the test bed, the operator as a child process, timing by
-watch, the API server's audit log, the operator's own metrics, and writing results.
+watch, the API server's audit log and the operator's own metrics.
 
-Every figure of `make bench` is a ratio against a baseline measured in the same run; absolute
-times are context only (a shared 2-core machine). Results go to bench/results/<name>.json.
+Needs `operator/` and `e2e/` on PYTHONPATH (the Makefile sets it).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
-import platform
 import re
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -22,60 +18,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "e2e"), str(REPO / "operator")]
+import yaml
+from kubernetes import client, watch
+from kubernetes import config as kube_config
 
-import yaml  # noqa: E402
-from kubernetes import client, watch  # noqa: E402
-from kubernetes import config as kube_config  # noqa: E402
+from bench.record import REPO
+from chart_harness import service_account_kubeconfig
+from engine_cluster import OperatorProcess, apply_crds
+from specdeploy.api import labels
+from testbed import ClusterEnv, Kubectl, audit_log, create_namespace_with_queues, up
 
-from chart_harness import service_account_kubeconfig  # noqa: E402
-from engine_cluster import OperatorProcess, apply_crds  # noqa: E402
-from specdeploy.api import labels  # noqa: E402
-from testbed import ClusterEnv, Kubectl, audit_log, create_namespace_with_queues, up  # noqa: E402
-
-RESULTS = REPO / "bench" / "results"
 GROUP, VERSION, PLURAL = "specdeploy.dev", "v1alpha1", "speculativedeployments"
 NODES = REPO / "e2e" / "manifests" / "nodes.yaml"
 MIG_TEMPLATE = "kwok-h100-mig-0"
 MIG_SLICE = "nvidia.com/mig-3g.40gb"
 SLICES_PER_NODE = 16
 BENCH_NODE_LABEL = "specdeploy.dev/bench-node"
-
-
-# --- results ---------------------------------------------------------------------------------
-
-
-def commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return done.stdout.strip() or "unknown"
-
-
-def machine() -> dict[str, Any]:
-    """Where and when: the context every result file carries."""
-    return {
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        # 1, 5 and 15 minute load averages when the result was written: the machine is shared.
-        "load_average": [round(value, 2) for value in os.getloadavg()],
-    }
-
-
-def write_result(name: str, data: Mapping[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine(), **data}, indent=2) + "\n")
-    print(f"wrote {path.relative_to(REPO)}", file=sys.stderr)
-    return path
 
 
 def median(values: Iterable[float]) -> float:

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
+from bench.record import REPO, RESULTS
+
 TESTS = "rolled_back or promoted or collapsed"
 
 
@@ -94,7 +94,7 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=None, help="base seed (default: drawn)")
     parser.add_argument("--kills", type=int, default=7, help="operator kills per rollout")
@@ -108,7 +108,7 @@ def main() -> int:
         default=60,
         help="analysis window in seconds (wider than CI's 20 s, for a crowded machine)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     print(f"soak: seed {seed}, {args.kills} kills per rollout", flush=True)
     with tempfile.TemporaryDirectory() as folder:
@@ -141,4 +141,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """The report of `make bench`: bench/results/report.md, PNG plots beside it, and the latest table
 in docs/benchmarks.md (between its `bench:latest` markers), from the JSON files in bench/results/.
 
-    make bench-report       # or: python hack/bench-report.py
+    make bench-report       # or: PYTHONPATH=operator:e2e:. python -m bench.report
 
 Reads only what the benchmarks wrote; a missing file is named in the report as not measured.
 """
@@ -12,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -20,8 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
+from bench.record import REPO, RESULTS
+
 DOC = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench:latest:begin -->", "<!-- bench:latest:end -->"
 
@@ -275,7 +273,7 @@ def autotune_section(tune: dict[str, Any] | None) -> str:
     if tune.get("recomputed"):
         parts.append(
             f"The operator's choice was recomputed on {tune['recomputed']} from the sweep "
-            f"measured on {tune.get('date')} (`hack/bench-autotune.py --from-json`)"
+            f"measured on {tune.get('date')} (`python -m bench.autotune --from-json`)"
             + (
                 ", and the head-to-head rounds measured again then (`--confirm-again`)."
                 if tune.get("confirmed")
@@ -599,7 +597,8 @@ def reaction_section(p3: dict[str, Any] | None) -> str:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    del argv  # no options
     kwok, engine = load("p1-kwok"), load("p1-engine")
     scale, p3, p4 = load("scale"), load("p3-reaction"), load("passthrough")
     plan, engine_cpu = load("plan"), load("engine-cpu")
@@ -723,4 +722,4 @@ def update_doc(summary: str, context: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,8 +1,8 @@
-#!/usr/bin/env python3
 """What the operator costs on KWOK pods: rollout overhead against a raw Deployment (P1), and scale
 to many SpeculativeDeployments under one operator (P2).
 
-    make bench-operator     # or: PYTHONPATH=operator:e2e python hack/bench-operator.py p1 scale
+    make bench-rollout bench-scale
+    PYTHONPATH=operator:e2e:. python -m bench.operator_cost p1 scale     # the same by hand
 
 p1: the same pod template applied as an SD (apply -> Ready condition) and as a raw Deployment
 (create -> ready replicas), alternating, medians; KWOK pods are ready at once, so only the
@@ -17,7 +17,7 @@ after a restart, reconcile duration p50/p99. Writes bench/results/scale.json.
 from __future__ import annotations
 
 import argparse
-import sys
+import statistics
 import tempfile
 import time
 import urllib.error
@@ -25,9 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_common import (
+from bench.bed import (
     GROUP,
     PLURAL,
     VERSION,
@@ -36,7 +34,6 @@ from bench_common import (
     bucket_delta,
     histogram_quantile,
     log,
-    median,
     raw_copy,
     reconcile_buckets,
     reconciled_names,
@@ -45,8 +42,8 @@ from bench_common import (
     sd_ready,
     time_deployment_ready,
     time_sd_ready,
-    write_result,
 )
+from bench.record import write_result
 from engine_cluster import OperatorProcess
 from sd_bodies import llama_8b
 from specdeploy.api import labels
@@ -132,7 +129,7 @@ def p1(bed: Bed, runs: int, workdir: Path) -> dict[str, Any]:
     finally:
         running.stop()
         bed.drop_namespace(namespace)
-    sd_median, raw_median = median(sd_times), median(raw_times)
+    sd_median, raw_median = statistics.median(sd_times), statistics.median(raw_times)
     return {
         "what": "apply of an SD -> its Ready condition vs the same pod template as a raw "
         "Deployment -> ready replicas; KWOK pods (ready at once), no Kueue queue, operator "
@@ -273,7 +270,7 @@ def scale_result(
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("parts", nargs="*", default=["p1", "scale"], choices=["p1", "scale"])
     parser.add_argument("--runs", type=int, default=7, help="P1 runs of each kind")
@@ -281,7 +278,7 @@ def main() -> int:
     parser.add_argument("--ready-timeout", type=float, default=900)
     parser.add_argument("--idle", type=float, default=60, help="P2 idle window in seconds")
     parser.add_argument("--workdir", default=None, help="keep the operator logs here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     bed = Bed()
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as folder:
         workdir = Path(args.workdir or folder)
@@ -300,4 +297,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Benchmark the operator's pure decisions: what one reconcile costs before any API call.
 
-    make bench-plan              # or: PYTHONPATH=operator:e2e python hack/bench-plan.py
+    make bench-plan              # or: PYTHONPATH=operator:e2e:. python -m bench.plan_cost
 
 For each example SpeculativeDeployment, times the speculation decision, the sizing against the
 test bed's GPU nodes (e2e/manifests/nodes.yaml), the revision hash and the child Deployment,
@@ -11,26 +10,20 @@ one core to bench/results/plan.json. A benchmark, not a test: figures depend on 
 
 from __future__ import annotations
 
-import json
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "operator")]
-
-from specdeploy.api.config import OperatorConfig  # noqa: E402
-from specdeploy.api.models import SizingDecision, SpeculativeDeployment  # noqa: E402
-from specdeploy.plan.children.manifests import build_revision_deployment  # noqa: E402
-from specdeploy.plan.children.revision import revision_hash  # noqa: E402
-from specdeploy.plan.placement.gpu_catalog import catalog_for_config, read_gpu_inventories  # noqa: E402
-from specdeploy.plan.placement.sizing import size_pair  # noqa: E402
-from specdeploy.plan.rollout.speculation import decide_speculation, served_spec  # noqa: E402
+from bench.record import REPO, LoadWatch, write_result
+from specdeploy.api.config import OperatorConfig
+from specdeploy.api.models import SizingDecision, SpeculativeDeployment
+from specdeploy.plan.children.manifests import build_revision_deployment
+from specdeploy.plan.children.revision import revision_hash
+from specdeploy.plan.placement.gpu_catalog import catalog_for_config, read_gpu_inventories
+from specdeploy.plan.placement.sizing import size_pair
+from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 
 ROUNDS = 2000
 REPEATS = 5
@@ -63,7 +56,8 @@ def one_reconcile_plan(
     return revision
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    del argv  # no options
     config = OperatorConfig.from_mapping({"batchQueues": ["batch"]})
     nodes = [
         n
@@ -71,35 +65,41 @@ def main() -> int:
         if n and n.get("kind") == "Node"
     ]
     results: dict[str, Any] = {}
-    for name, body in examples().items():
-        per_call = []
-        for _ in range(REPEATS):
-            start = time.perf_counter()
-            for _ in range(ROUNDS):
-                one_reconcile_plan(body, nodes, config)
-            per_call.append((time.perf_counter() - start) / ROUNDS)
-        best = min(per_call)
-        results[name] = {
-            "microseconds_per_reconcile_best": round(best * 1e6, 1),
-            "microseconds_per_reconcile_median": round(statistics.median(per_call) * 1e6, 1),
-            "reconciles_per_second_one_core": round(1 / best),
-        }
-        print(f"{name:28s} {best * 1e6:8.1f} us/reconcile  ({1 / best:8.0f}/s)")
-    out = REPO / "bench" / "results" / "plan.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    report = {
-        "what": "pure planning per reconcile (no API calls), examples/ on the test bed's nodes",
-        "nodes": len(nodes),
-        "rounds": ROUNDS,
-        "repeats": REPEATS,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "results": results,
-    }
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"written to {out.relative_to(REPO)}")
+    with LoadWatch("plan") as load:
+        for name, body in examples().items():
+            results[name] = time_example(name, body, nodes, config)
+    write_result(
+        "plan",
+        {
+            "what": "pure planning per reconcile (no API calls), examples/ on the test bed's nodes",
+            "nodes": len(nodes),
+            "rounds": ROUNDS,
+            "repeats": REPEATS,
+            "results": results,
+            "load": {"plan": load.summary()},
+        },
+    )
     return 0
 
 
+def time_example(
+    name: str, body: dict[str, Any], nodes: list[dict[str, Any]], config: OperatorConfig
+) -> dict[str, Any]:
+    """The best and median cost of one reconcile's plan over REPEATS runs of ROUNDS."""
+    per_call = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        for _ in range(ROUNDS):
+            one_reconcile_plan(body, nodes, config)
+        per_call.append((time.perf_counter() - start) / ROUNDS)
+    best = min(per_call)
+    print(f"{name:28s} {best * 1e6:8.1f} us/reconcile  ({1 / best:8.0f}/s)")
+    return {
+        "microseconds_per_reconcile_best": round(best * 1e6, 1),
+        "microseconds_per_reconcile_median": round(statistics.median(per_call) * 1e6, 1),
+        "reconciles_per_second_one_core": round(1 / best),
+    }
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
