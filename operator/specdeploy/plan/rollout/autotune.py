@@ -821,6 +821,116 @@ def _cooled_down(state: AutotuneStatus, cooldown: str, now: datetime) -> bool:
     return applied is None or (now - applied).total_seconds() >= duration_seconds(cooldown)
 
 
+def _for_this_spec(
+    previous: AutotuneStatus | None, spec: SpeculativeDeploymentSpec
+) -> AutotuneStatus:
+    """The kept state, or, for a new pair or new bounds, a fresh one: what was tuned, rejected
+    and measured belonged to the old one (the last recommendation and its inputs stay shown
+    until the next)."""
+    fingerprint = spec_fingerprint(spec)
+    state = previous or AutotuneStatus()
+    if state.spec_fingerprint == fingerprint:
+        return state
+    return AutotuneStatus(
+        recommendation=state.recommendation,
+        inputs=(
+            state.inputs.model_copy(update={"step_costs": [], "longest_acceptance": None})
+            if state.inputs
+            else None
+        ),
+        computed_at=state.computed_at,
+        spec_fingerprint=fingerprint,
+    )
+
+
+def _without_trial(state: AutotuneStatus) -> AutotuneStatus:
+    """The state outside mode Apply: nothing applied, nothing under trial."""
+    return state.model_copy(
+        update={
+            "applied_tokens": None,
+            "trial_revision": None,
+            "previous_tokens": None,
+            "applied_schedule": None,
+            "previous_schedule": None,
+        }
+    )
+
+
+def _start_trial(
+    state: AutotuneStatus,
+    tune: AutotuneSpec,
+    *,
+    settled: bool,
+    stable_tokens: int,
+    stable_schedule: Sequence[ScheduleStep] | None,
+    revision_for: RevisionFor,
+    now: datetime,
+) -> tuple[AutotuneStatus, list[RolloutEvent]]:
+    """In mode Apply, the tuned revision a fresh recommendation rolls out as a canary: its
+    schedule when it recommends one, else its k when the predicted gain (or a calibration)
+    calls for it; never while another trial runs, the stable is not settled, within the
+    cooldown, or for a k or schedule the canary rejected before."""
+    rec = state.recommendation
+    fresh = state.computed_at == now.strftime(RFC3339) and not state.message
+    if not (
+        tune.mode == "Apply"
+        and fresh
+        and rec is not None
+        and settled
+        and state.trial_revision is None
+        and _cooled_down(state, tune.cooldown, now)
+    ):
+        return state, []
+    stamp = now.strftime(RFC3339)
+    if rec.schedule:
+        key = schedule_key(rec.schedule)
+        if key == schedule_key(stable_schedule or []) or key in state.rejected_schedules:
+            return state, []
+        k = max(step.tokens for step in rec.schedule)
+        trial = revision_for(k, rec.schedule)
+        started = state.model_copy(
+            update={
+                "applied_tokens": k,
+                "applied_schedule": rec.schedule,
+                "applied_at": stamp,
+                "previous_tokens": state.applied_tokens,
+                "previous_schedule": state.applied_schedule,
+                "trial_revision": trial,
+            }
+        )
+        return started, [
+            RolloutEvent(
+                Reason.TUNED_REVISION_ROLLED_OUT,
+                f"tuned revision {trial}: schedule {key} (numSpeculativeTokens {k}; "
+                f"was {stable_tokens}) ({rec.schedule_message})",
+            )
+        ]
+    if (
+        not rec.changed
+        or (rec.predicted_gain < tune.min_gain and not rec.calibration)
+        or rec.num_speculative_tokens in state.rejected_tokens
+    ):
+        return state, []
+    k = rec.num_speculative_tokens
+    trial = revision_for(k, None)
+    started = state.model_copy(
+        update={
+            "applied_tokens": k,
+            "applied_schedule": None,
+            "previous_schedule": state.applied_schedule,
+            "applied_at": stamp,
+            "previous_tokens": state.applied_tokens,
+            "trial_revision": trial,
+        }
+    )
+    return started, [
+        RolloutEvent(
+            Reason.TUNED_REVISION_ROLLED_OUT,
+            f"tuned revision {trial}: numSpeculativeTokens {stable_tokens} -> {k} ({rec.message})",
+        )
+    ]
+
+
 def decide_tuning(
     spec: SpeculativeDeploymentSpec,
     previous: AutotuneStatus | None,
@@ -850,42 +960,20 @@ def decide_tuning(
     stable's whether the canary promotes it or not, so a second length measures the draft's
     cost ratio (see calibration_tokens), and so is its acceptance per position when it is the
     longest measured (see record_trial).
+
+    The stages: the state for this spec → what the trial measured → the canary's verdict on
+    the trial → (outside Apply) no trial → a recommendation from the stable's figures → a
+    new trial it calls for.
     """
     tune = spec.pair.draft.autotune
     if tune is None or tune.mode == "Off" or spec.pair.draft.method == "none":
         return Tuning(state=None)
-    fingerprint = spec_fingerprint(spec)
-    state = previous or AutotuneStatus()
-    if state.spec_fingerprint != fingerprint:
-        # A new pair or new bounds: what was tuned, rejected and measured belonged to the old
-        # one (the last recommendation and its inputs stay shown until the next).
-        state = AutotuneStatus(
-            recommendation=state.recommendation,
-            inputs=(
-                state.inputs.model_copy(update={"step_costs": [], "longest_acceptance": None})
-                if state.inputs
-                else None
-            ),
-            computed_at=state.computed_at,
-            spec_fingerprint=fingerprint,
-        )
-    state = record_trial(
-        state,
-        trial_measured,
-        min_draft_tokens=min_draft_tokens,
-        stable=(stable_tokens, measured) if measured and stable_tokens is not None else None,
-    )
+    state = _for_this_spec(previous, spec)
+    beside = (stable_tokens, measured) if measured and stable_tokens is not None else None
+    state = record_trial(state, trial_measured, min_draft_tokens=min_draft_tokens, stable=beside)
     state, events = _resolve_trial(state, analysis)
     if tune.mode != "Apply":
-        state = state.model_copy(
-            update={
-                "applied_tokens": None,
-                "trial_revision": None,
-                "previous_tokens": None,
-                "applied_schedule": None,
-                "previous_schedule": None,
-            }
-        )
+        state = _without_trial(state)
     if measured is not None and stable_revision is not None and stable_tokens is not None:
         state = recommend(
             tune,
@@ -899,80 +987,21 @@ def decide_tuning(
             now=now,
             max_num_seqs=spec.engine.max_num_seqs,
         )
-        rec = state.recommendation
-        fresh = state.computed_at == now.strftime(RFC3339) and not state.message
-        ready = (
-            tune.mode == "Apply"
-            and fresh
-            and settled
-            and state.trial_revision is None
-            and _cooled_down(state, tune.cooldown, now)
+        state, started = _start_trial(
+            state,
+            tune,
+            settled=settled,
+            stable_tokens=stable_tokens,
+            stable_schedule=stable_schedule,
+            revision_for=revision_for,
+            now=now,
         )
-        want = rec.schedule if rec is not None else None
-        if want:
-            key = schedule_key(want)
-            if (
-                ready
-                and key != schedule_key(stable_schedule or [])
-                and key not in state.rejected_schedules
-            ):
-                k = max(step.tokens for step in want)
-                trial = revision_for(k, want)
-                state = state.model_copy(
-                    update={
-                        "applied_tokens": k,
-                        "applied_schedule": want,
-                        "applied_at": now.strftime(RFC3339),
-                        "previous_tokens": state.applied_tokens,
-                        "previous_schedule": state.applied_schedule,
-                        "trial_revision": trial,
-                    }
-                )
-                events.append(
-                    RolloutEvent(
-                        Reason.TUNED_REVISION_ROLLED_OUT,
-                        f"tuned revision {trial}: schedule {key} (numSpeculativeTokens {k}; "
-                        f"was {stable_tokens}) ({rec.schedule_message if rec else ''})",
-                    )
-                )
-        elif (
-            tune.mode == "Apply"
-            and fresh
-            and rec is not None
-            and rec.changed
-            and (rec.predicted_gain >= tune.min_gain or rec.calibration)
-            and settled
-            and state.trial_revision is None
-            and rec.num_speculative_tokens not in state.rejected_tokens
-            and _cooled_down(state, tune.cooldown, now)
-        ):
-            k = rec.num_speculative_tokens
-            trial = revision_for(k, None)
-            state = state.model_copy(
-                update={
-                    "applied_tokens": k,
-                    "applied_schedule": None,
-                    "previous_schedule": state.applied_schedule,
-                    "applied_at": now.strftime(RFC3339),
-                    "previous_tokens": state.applied_tokens,
-                    "trial_revision": trial,
-                }
-            )
-            events.append(
-                RolloutEvent(
-                    Reason.TUNED_REVISION_ROLLED_OUT,
-                    f"tuned revision {trial}: numSpeculativeTokens {stable_tokens} -> {k} "
-                    f"({rec.message})",
-                )
-            )
+        events += started
+    applying = tune.mode == "Apply"
     return Tuning(
         state=state,
-        tokens=state.applied_tokens if tune.mode == "Apply" else None,
-        schedule=(
-            tuple(state.applied_schedule)
-            if tune.mode == "Apply" and state.applied_schedule
-            else None
-        ),
+        tokens=state.applied_tokens if applying else None,
+        schedule=tuple(state.applied_schedule) if applying and state.applied_schedule else None,
         events=tuple(events),
     )
 

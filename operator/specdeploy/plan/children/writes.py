@@ -1,0 +1,129 @@
+"""Which children a reconcile writes: the manifest of every child, and only those that differ.
+
+The desired revision's Deployment is built from the served spec and recorded in a
+ControllerRevision (so a later rollback can scale it up unchanged); every other revision the
+rollout plan keeps is rebuilt from its record at its planned size. A child is written only when
+it lacks a field it should hold (plan.children.drift); a change made out of band is reverted
+with an Event saying what was set back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specdeploy.api import labels
+from specdeploy.api.config import OperatorConfig
+from specdeploy.api.models import SizingDecision, SpeculativeDeployment
+from specdeploy.plan.children.drift import decide_apply, drift_event, with_applied_hash
+from specdeploy.plan.children.manifests import (
+    build_pod_monitor,
+    build_revision_deployment,
+    build_revision_record,
+    build_service,
+    deployment_from_record,
+)
+from specdeploy.plan.rollout.revisions import RevisionDeployment, RolloutEvent, RolloutPlan
+
+
+@dataclass(frozen=True)
+class LiveChildren:
+    """The children of one SD as the API returned them."""
+
+    deployments: Sequence[Mapping[str, Any]]
+    records: Sequence[Mapping[str, Any]]
+    service: Mapping[str, Any] | None
+    #: False while the PodMonitor kind is not served.
+    pod_monitor_served: bool
+    pod_monitor: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ChildWrites:
+    """The child writes of one reconcile, in the order they are sent."""
+
+    #: Names of revision records to delete before they are created anew (content changed).
+    replace_records: tuple[str, ...]
+    create_records: tuple[dict[str, Any], ...]
+    #: Manifests to server-side apply (each carries its applied-hash annotation).
+    applies: tuple[dict[str, Any], ...]
+    #: (Deployment name, replicas) of revisions made before revisions were recorded.
+    scales: tuple[tuple[str, int], ...]
+    #: One per child set back after a change made out of band.
+    events: tuple[RolloutEvent, ...]
+
+
+def _owned_revision(obj: Mapping[str, Any]) -> str | None:
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(labels.REVISION)
+
+
+def _record_for(
+    manifest: dict[str, Any], records: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[str, Any] | None, bool]:
+    """(the record to create, whether an existing one must go first) for the desired revision;
+    (None, False) when its record already holds this manifest."""
+    revision = manifest["metadata"]["labels"][labels.REVISION]
+    sequences = [int(r.get("revision") or 0) for r in records.values()]
+    record = build_revision_record(manifest, max(sequences, default=0) + 1)
+    current = records.get(revision)
+    if current is not None and current.get("data") == record["data"]:
+        return None, False
+    return record, current is not None
+
+
+def plan_child_writes(
+    live: LiveChildren,
+    served: SpeculativeDeployment,
+    *,
+    desired_revision: str | None,
+    sizing: SizingDecision | None,
+    plan: RolloutPlan,
+    config: OperatorConfig,
+    revisions: Sequence[RevisionDeployment],
+) -> ChildWrites:
+    """The manifest of every child, and which of them need a write (see plan.children.drift)."""
+    records = {r: rec for rec in live.records if (r := _owned_revision(rec)) is not None}
+    current: dict[tuple[str, str], Mapping[str, Any] | None] = {
+        ("Deployment", d["metadata"]["name"]): d for d in live.deployments
+    }
+    wanted: list[dict[str, Any]] = []
+    replace: list[str] = []
+    create: list[dict[str, Any]] = []
+    if desired_revision is not None and sizing is not None:
+        manifest = build_revision_deployment(
+            served, desired_revision, sizing, config, replicas=plan.replicas[desired_revision]
+        )
+        record, stale = _record_for(manifest, records)
+        if record is not None:
+            create.append(record)
+            if stale:
+                replace.append(record["metadata"]["name"])
+        wanted.append(manifest)
+    scales: list[tuple[str, int]] = []
+    by_revision = {r.revision: r for r in revisions}
+    for revision, replicas in plan.replicas.items():
+        if revision == desired_revision:
+            continue
+        if revision in records:
+            wanted.append(deployment_from_record(dict(records[revision]), replicas))
+        elif (existing := by_revision.get(revision)) and existing.replicas != replicas:
+            # A revision made before revisions were recorded: only its size is known.
+            scales.append((existing.name, replicas))
+    wanted.append(build_service(served))
+    current[("Service", served.metadata.name)] = live.service
+    if live.pod_monitor_served:
+        wanted.append(build_pod_monitor(served, config.pod_monitor_labels))
+        current[("PodMonitor", served.metadata.name)] = live.pod_monitor
+
+    applies: list[dict[str, Any]] = []
+    events: list[RolloutEvent] = []
+    for manifest in wanted:
+        body = with_applied_hash(manifest)
+        key = (body["kind"], body["metadata"]["name"])
+        decision = decide_apply(body, current.get(key))
+        if decision.write:
+            applies.append(body)
+        if decision.reverted:
+            events.append(drift_event(key[0], key[1], decision.reverted))
+    return ChildWrites(tuple(replace), tuple(create), tuple(applies), tuple(scales), tuple(events))

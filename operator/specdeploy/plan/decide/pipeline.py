@@ -1,0 +1,54 @@
+"""`decide`: one reconcile's decision as a straight pipeline of named stages (stages.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from specdeploy.api.config import OperatorConfig
+from specdeploy.plan.decide.snapshot import Decision, Snapshot
+from specdeploy.plan.decide.stages import (
+    check_pair,
+    choose_child_writes,
+    choose_served_pair,
+    collect_events,
+    judge_the_canary,
+    plan_revisions,
+    read_world,
+    report_status,
+    wake_at,
+)
+from specdeploy.plan.placement.gpu_catalog import GpuProduct
+from specdeploy.plan.placement.sizing import ShapeUnknown
+from specdeploy.plan.status.report import status_patch
+
+
+def decide(
+    snapshot: Snapshot,
+    config: OperatorConfig,
+    catalog: Sequence[GpuProduct],
+    now: datetime,
+) -> Decision:
+    """Everything the reconcile does about one SD, decided from `snapshot` alone."""
+    world = read_world(snapshot, config, catalog)
+    serving = choose_served_pair(world, snapshot, config, catalog, now)
+    pair = check_pair(world, serving, snapshot.pods)
+    canary = judge_the_canary(world, serving, pair, snapshot.measurements, now)
+    plan = plan_revisions(world, serving, canary)
+    children = choose_child_writes(snapshot, world, serving, plan, config)
+    status = report_status(snapshot, world, serving, pair=pair, canary=canary, plan=plan, now=now)
+    sized = serving.pair.sized
+    return Decision(
+        replace_records=children.replace_records,
+        create_records=children.create_records,
+        applies=children.applies,
+        scales=children.scales,
+        deletes=plan.delete,
+        status_patch=status_patch(snapshot.body.get("status") or {}, status),
+        events=collect_events(
+            snapshot, serving, pair=pair, canary=canary, plan=plan, children=children, status=status
+        ),
+        shape_unknown=sized.message if isinstance(sized, ShapeUnknown) else None,
+        acceptance_rate=status.get("acceptanceRate"),
+        wake_at=wake_at(world, serving, canary, now),
+    )

@@ -1,0 +1,66 @@
+"""What a reconcile reads (`Snapshot`) and what it sends (`Decision`): the pipeline's two ends."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from specdeploy.api.models import ModelShape
+from specdeploy.plan.rollout.analysis import Measurement
+from specdeploy.plan.rollout.autotune import AutotuneMeasurement
+from specdeploy.plan.rollout.revisions import RolloutEvent
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one reconcile reads, read once, as the API returned it."""
+
+    body: Mapping[str, Any]
+    nodes: Sequence[Mapping[str, Any]]
+    #: Revision Deployments owned by this SD.
+    deployments: Sequence[Mapping[str, Any]]
+    #: Revision records (ControllerRevisions) owned by this SD.
+    records: Sequence[Mapping[str, Any]]
+    service: Mapping[str, Any] | None
+    #: None while the PodMonitor kind is not served; else the live PodMonitor or None.
+    pod_monitor_served: bool
+    pod_monitor: Mapping[str, Any] | None
+    pods: Sequence[Mapping[str, Any]]
+    workloads: Sequence[Mapping[str, Any]]
+    local_queue: Mapping[str, Any] | None
+    #: The Kueue WorkloadPriorityClass spec.placement names (read only with a queue), or None.
+    priority_class: Mapping[str, Any] | None = None
+    #: Shapes of models neither the spec nor the catalog describes, read from their config.json.
+    fetched_shapes: Mapping[str, ModelShape] = field(default_factory=dict)
+    #: What Prometheus measured of each revision with ready pods (when it is read at all).
+    measurements: Mapping[str, Measurement] = field(default_factory=dict)
+    #: The stable revision's speculation figures, when the autotuner is due to recommend.
+    autotune: AutotuneMeasurement | None = None
+    #: The same of the autotuner's trial revision, while one is under the canary.
+    autotune_trial: AutotuneMeasurement | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Every write one reconcile sends, in order, and the Events it posts."""
+
+    #: Names of revision records to delete before they are created anew (content changed).
+    replace_records: tuple[str, ...] = ()
+    create_records: tuple[dict[str, Any], ...] = ()
+    #: Manifests to server-side apply (each carries its applied-hash annotation).
+    applies: tuple[dict[str, Any], ...] = ()
+    #: (Deployment name, replicas) of revisions made before revisions were recorded.
+    scales: tuple[tuple[str, int], ...] = ()
+    #: Revision Deployments (and their records, of the same name) to delete.
+    deletes: tuple[str, ...] = ()
+    #: The merge patch of status; empty when nothing differs.
+    status_patch: dict[str, Any] = field(default_factory=dict)
+    events: tuple[RolloutEvent, ...] = ()
+    #: Why the pair could not be sized, when a model's shape is unknown (for the log).
+    shape_unknown: str | None = None
+    #: The serving revision's acceptance rate as the status now holds it (for /metrics).
+    acceptance_rate: float | None = None
+    #: When the SD next has a verdict due (plan.rollout.wakeup): reconcile it again then.
+    wake_at: datetime | None = None

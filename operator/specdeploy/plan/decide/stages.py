@@ -1,0 +1,380 @@
+"""The named stages of one reconcile's decision; each takes and returns plain data.
+
+    read_world → choose_served_pair → check_pair → judge_the_canary → plan_revisions
+      → choose_child_writes → report_status → collect_events (and wake_at)
+
+Each stage is a thin join of the world so far with the concern that decides (placement,
+rollout, children, status): the decisions themselves live in those packages.
+
+No stage patches another's result: each one's output is an input of the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from specdeploy.api.config import AnalysisSettings, OperatorConfig
+from specdeploy.api.models import (
+    ModelShape,
+    ScheduleStep,
+    SizingDecision,
+    SpeculationStatus,
+    SpeculativeDeployment,
+)
+from specdeploy.plan.children.manifests import pod_selector
+from specdeploy.plan.children.revision import revision_hash
+from specdeploy.plan.children.writes import ChildWrites, LiveChildren, plan_child_writes
+from specdeploy.plan.decide.snapshot import Snapshot
+from specdeploy.plan.placement.admission import judge_admission
+from specdeploy.plan.placement.gpu_catalog import (
+    GpuNodeInventory,
+    GpuProduct,
+    read_gpu_inventories,
+)
+from specdeploy.plan.placement.sizing import ShapeUnknown, Unschedulable, keep_sizing, size_pair
+from specdeploy.plan.rollout.analysis import RFC3339, Measurement, duration_seconds
+from specdeploy.plan.rollout.autotune import Tuning, tune_deployment, tuned_spec
+from specdeploy.plan.rollout.canary import CanaryDecision, analysis_events, judge_revisions
+from specdeploy.plan.rollout.collapse import RESUME_ANNOTATION, GuardVerdict, watch_collapse
+from specdeploy.plan.rollout.revisions import (
+    RevisionDeployment,
+    RolloutEvent,
+    RolloutPlan,
+    plan_rollout,
+    read_revision_deployment,
+)
+from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
+from specdeploy.plan.rollout.wakeup import next_wake
+from specdeploy.plan.status.crash_loop import read_crash_loop
+from specdeploy.plan.status.pair_check import PairVerdict, judge_pair
+from specdeploy.plan.status.report import ObservedRollout, build_status, condition_events
+
+
+@dataclass(frozen=True)
+class World:
+    """The snapshot in the plan's own terms, read once."""
+
+    sd: SpeculativeDeployment
+    settings: AnalysisSettings
+    #: Nodes that take new pods.
+    inventory: Sequence[GpuNodeInventory]
+    #: Every node, cordoned ones too (a serving revision keeps a device some node gives).
+    known_devices: Sequence[GpuNodeInventory]
+    revisions: Sequence[RevisionDeployment]
+
+
+def read_world(snapshot: Snapshot, config: OperatorConfig, catalog: Sequence[GpuProduct]) -> World:
+    """The SD, its analysis settings, the GPU inventory and its revision Deployments."""
+    sd = SpeculativeDeployment.from_body(dict(snapshot.body))
+    found = (read_revision_deployment(d) for d in snapshot.deployments)
+    return World(
+        sd=sd,
+        settings=config.analysis_for(sd.spec.rollout.analysis),
+        inventory=read_gpu_inventories(snapshot.nodes, catalog),
+        known_devices=read_gpu_inventories(snapshot.nodes, catalog, include_cordoned=True),
+        revisions=[r for r in found if r is not None],
+    )
+
+
+class ServedPair(NamedTuple):
+    """The SD as served (after the speculation decision), its sizing, and its revision."""
+
+    served: SpeculativeDeployment
+    sized: SizingDecision | ShapeUnknown | Unschedulable
+    #: The revision hash; None when the pair could not be sized.
+    revision: str | None
+
+
+def serve_pair(
+    sd: SpeculativeDeployment,
+    speculation: SpeculationStatus,
+    inventory: Sequence[GpuNodeInventory],
+    config: OperatorConfig,
+    *,
+    catalog: Sequence[GpuProduct],
+    fetched_shapes: Mapping[str, ModelShape],
+    known_devices: Sequence[GpuNodeInventory] = (),
+    existing: Collection[str] = (),
+    tokens: int | None = None,
+    schedule: Sequence[ScheduleStep] | None = None,
+) -> ServedPair:
+    """The served spec, what one replica of it runs on, and the revision those pods make.
+
+    `known_devices` (every node, cordoned ones too) and `existing` (the revisions that have
+    Deployments) keep a serving revision's device: a node cordoned, drained or added changes the
+    inventory, not the pair, so a revision that exists keeps its device while some known node
+    still gives it. `tokens` is the autotuned speculation length (None: the spec's own).
+    """
+    served = sd.model_copy(
+        update={"spec": served_spec(tuned_spec(sd.spec, tokens, schedule), speculation)}
+    )
+    sized = size_pair(served.spec, inventory, config, catalog, fetched_shapes)
+    previous = sd.status.sizing if sd.status else None
+    if previous is not None and existing:
+        kept = keep_sizing(
+            served.spec,
+            previous,
+            known_devices,
+            config,
+            catalog=catalog,
+            fetched_shapes=fetched_shapes,
+        )
+        if kept is not None and revision_hash(served.spec, kept, config) in existing:
+            sized = kept
+    revision = (
+        revision_hash(served.spec, sized, config) if isinstance(sized, SizingDecision) else None
+    )
+    return ServedPair(served, sized, revision)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What the pods are to serve: speculation on or off, the autotuner's step, the collapse
+    guard's verdict, and the served pair with its sizing and revision."""
+
+    speculation: SpeculationStatus
+    tuning: Tuning
+    guard: GuardVerdict
+    #: The guard's action once it fired (now or before), else None.
+    guard_action: str | None
+    pair: ServedPair
+    #: The revision of the spec's pair while it speculates (what the guard watches).
+    pair_revision: str | None
+
+    @property
+    def desired_revision(self) -> str | None:
+        return self.pair.revision
+
+    @property
+    def sizing(self) -> SizingDecision | None:
+        sized = self.pair.sized
+        return sized if isinstance(sized, SizingDecision) else None
+
+
+def choose_served_pair(
+    world: World,
+    snapshot: Snapshot,
+    config: OperatorConfig,
+    catalog: Sequence[GpuProduct],
+    now: datetime,
+) -> Serving:
+    """The pair the spec names, tuned by the autotuner, with speculation turned off when the
+    queue or the collapse guard says so."""
+    sd, status = world.sd, world.sd.status
+    existing = {r.revision for r in world.revisions}
+
+    def serve(
+        speculation: SpeculationStatus,
+        tokens: int | None,
+        schedule: Sequence[ScheduleStep] | None = None,
+    ) -> ServedPair:
+        return serve_pair(
+            sd,
+            speculation,
+            world.inventory,
+            config,
+            catalog=catalog,
+            fetched_shapes=snapshot.fetched_shapes,
+            known_devices=world.known_devices,
+            existing=existing,
+            tokens=tokens,
+            schedule=schedule,
+        )
+
+    speculation = decide_speculation(sd.spec, config)
+    # The autotuner (spec.pair.draft.autotune) may serve a tuned k in place of the spec's.
+    tuning = tune_deployment(
+        sd,
+        snapshot.autotune,
+        world.settings,
+        lambda k, steps: (
+            serve(speculation, k, steps).revision if speculation.state == "Enabled" else None
+        ),
+        now,
+        trial_measured=snapshot.autotune_trial,
+    )
+    pair = serve(speculation, tuning.tokens, tuning.schedule)
+    pair_revision = pair.revision if speculation.state == "Enabled" else None
+    guard = watch_collapse(
+        status.collapse if status else None,
+        guard=sd.spec.rollout.collapse_guard,
+        pair_revision=pair_revision,
+        serving=pair_revision is not None
+        and (status.stable_revision if status else None) == pair_revision,
+        measured=snapshot.measurements.get(pair_revision or ""),
+        min_draft_tokens=world.settings.min_draft_tokens,
+        resume=sd.metadata.annotations.get(RESUME_ANNOTATION),
+        now=now,
+    )
+    action = guard.state.action if guard.fired and guard.state is not None else None
+    if action == "DisableSpeculation" and guard.state is not None:
+        speculation = decide_speculation(sd.spec, config, collapsed=True).model_copy(
+            update={"message": f"{guard.state.message}; resume: see status.collapse"}
+        )
+        pair = serve(speculation, tuning.tokens, tuning.schedule)
+    return Serving(speculation, tuning, guard, action, pair, pair_revision)
+
+
+def _desired_ready(desired_revision: str | None, revisions: Sequence[RevisionDeployment]) -> bool:
+    """Whether the desired revision has pods and all of them are ready (its launcher then
+    accepted the pair)."""
+    desired = next((r for r in revisions if r.revision == desired_revision), None)
+    return desired is not None and desired.replicas > 0 and desired.fully_ready
+
+
+def check_pair(world: World, serving: Serving, pods: Sequence[Mapping[str, Any]]) -> PairVerdict:
+    """The launcher's verdict on the desired pair, read from its pods' exits."""
+    return judge_pair(
+        serving.desired_revision,
+        _desired_ready(serving.desired_revision, world.revisions),
+        serving.pair.served.spec.pair.draft.method != "none",
+        pods,
+        world.sd.status,
+    )
+
+
+def judge_the_canary(
+    world: World,
+    serving: Serving,
+    pair: PairVerdict,
+    measurements: Mapping[str, Measurement],
+    now: datetime,
+) -> CanaryDecision:
+    """The stable and canary revisions and the canary's verdict (plan.rollout.canary)."""
+    return judge_revisions(
+        world.sd.spec,
+        world.sd.status,
+        world.revisions,
+        desired_revision=serving.desired_revision,
+        pair_revision=serving.pair_revision,
+        refused_by_launcher=pair.refused,
+        guard_action=serving.guard_action,
+        tuning=serving.tuning.state,
+        measurements=measurements,
+        settings=world.settings,
+        now=now,
+    )
+
+
+def plan_revisions(world: World, serving: Serving, canary: CanaryDecision) -> RolloutPlan:
+    """The replicas of every revision Deployment, and which ones go."""
+    spec = world.sd.spec
+    return plan_rollout(
+        serving.desired_revision,
+        world.revisions,
+        spec.replicas,
+        canary.recorded_stable,
+        spec.revision_history_limit,
+        held=canary.held,
+        canary_replicas=canary.canary_replicas,
+        promoted=canary.promoted,
+    )
+
+
+def choose_child_writes(
+    snapshot: Snapshot,
+    world: World,
+    serving: Serving,
+    plan: RolloutPlan,
+    config: OperatorConfig,
+) -> ChildWrites:
+    """Every child's manifest, and the writes of those that differ (plan.children.writes)."""
+    live = LiveChildren(
+        deployments=snapshot.deployments,
+        records=snapshot.records,
+        service=snapshot.service,
+        pod_monitor_served=snapshot.pod_monitor_served,
+        pod_monitor=snapshot.pod_monitor,
+    )
+    return plan_child_writes(
+        live,
+        serving.pair.served,
+        desired_revision=serving.desired_revision,
+        sizing=serving.sizing,
+        plan=plan,
+        config=config,
+        revisions=world.revisions,
+    )
+
+
+def report_status(
+    snapshot: Snapshot,
+    world: World,
+    serving: Serving,
+    *,
+    pair: PairVerdict,
+    canary: CanaryDecision,
+    plan: RolloutPlan,
+    now: datetime,
+) -> dict[str, Any]:
+    """The status this reconcile concludes, Kueue's admission included."""
+    spec = world.sd.spec
+    queue = spec.placement.queue
+    admission = judge_admission(
+        queue,
+        snapshot.pods,
+        snapshot.workloads if queue else [],
+        snapshot.local_queue,
+        missing_priority_class=(
+            spec.placement.priority_class if snapshot.priority_class is None else None
+        ),
+    )
+    sized = serving.pair.sized
+    seen = ObservedRollout(
+        sizing=serving.sizing,
+        sizing_problem=None if serving.sizing is not None else sized.message,
+        speculation=serving.speculation,
+        desired_revision=serving.desired_revision,
+        plan=plan,
+        revisions=world.revisions,
+        admission=admission,
+        selector=pod_selector(world.sd),
+        pair=pair,
+        crash_loop=read_crash_loop(snapshot.pods, serving.desired_revision),
+        canary=canary.judgement,
+        measurements=snapshot.measurements,
+        figures_every_seconds=duration_seconds(world.settings.interval),
+        collapse=serving.guard,
+        autotune=serving.tuning.state,
+    )
+    return build_status(world.sd, seen, now.strftime(RFC3339))
+
+
+def collect_events(
+    snapshot: Snapshot,
+    serving: Serving,
+    *,
+    pair: PairVerdict,
+    canary: CanaryDecision,
+    plan: RolloutPlan,
+    children: ChildWrites,
+    status: Mapping[str, Any],
+) -> tuple[RolloutEvent, ...]:
+    """Every Event of this reconcile, in the order a person reads them in `kubectl describe`."""
+    current = snapshot.body.get("status") or {}
+    return (
+        *plan.events,
+        *analysis_events(canary),
+        *pair.events,
+        *serving.guard.events,
+        *serving.tuning.events,
+        *children.events,
+        *condition_events(current.get("conditions") or [], status["conditions"]),
+    )
+
+
+def wake_at(
+    world: World, serving: Serving, canary: CanaryDecision, now: datetime
+) -> datetime | None:
+    """When the SD next has a verdict due: the canary's next interval or the guard's `for`."""
+    guard = world.sd.spec.rollout.collapse_guard
+    return next_wake(
+        canary.judgement.state if canary.canary is not None else None,
+        world.settings.interval,
+        serving.guard.state,
+        guard.for_ if guard else None,
+        now,
+    )
