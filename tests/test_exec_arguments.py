@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from schema_strategies import value_strategy
@@ -128,16 +128,14 @@ def operator_values(args: list[str]) -> list[str]:
     return [args[0], *args[2::2]]
 
 
-@settings(
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_no_admitted_spec_value_is_read_as_a_flag(data: st.DataObject) -> None:
     spec_body = data.draw(value_strategy(crd_schema()["properties"]["spec"]))
-    if admission_errors(sd(spec_body)) != ([], []):
-        return
+    # A refused spec never reaches the operator. Most drawn specs are admitted (94 of 100 when
+    # counted); should admission refuse them all, Hypothesis fails the test as unsatisfiable
+    # (its filter health check is on) instead of passing it on no example.
+    assume(admission_errors(sd(spec_body)) == ([], []))
     spec = SpeculativeDeploymentSpec.model_validate(spec_body)
     extra = list(spec.engine.extra_args)
     args = build_vllm_args(spec, None)
