@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from specdeploy.handlers import reconcile as reconcile_module
 from test_reconcile import sd_body, setup
 
 NS, NAME = "ns", "chat"
@@ -43,17 +44,53 @@ def run(reconciler: Any, errors: list[BaseException]) -> threading.Thread:
     return thread
 
 
+class CountedEvent(threading.Event):
+    """An Event that counts the threads that came to wait on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiters = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiters += 1
+        return super().wait(timeout)
+
+
+class CountedWaiting(reconcile_module._Waiting):
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = CountedEvent()
+
+
+def wait_until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def started_behind_the_first(
     reconciler: Any, errors: list[BaseException]
 ) -> list[threading.Thread]:
-    """One reconcile running (held at its first read), then four more requests."""
+    """One reconcile running (held at its first read), then four more requests: one waiting
+    for the lock, three joined to it (seen waiting on its completion, not assumed after a
+    pause)."""
     first = run(reconciler, errors)
-    deadline = time.monotonic() + 10
-    while (NS, NAME) in reconciler._waiting and time.monotonic() < deadline:
-        time.sleep(0.01)  # the first has taken the lock and left the waiting list
+    # The first has taken the lock and left the waiting list.
+    wait_until(lambda: (NS, NAME) not in reconciler._waiting, "the first reconcile to start")
     others = [run(reconciler, errors) for _ in range(4)]
-    time.sleep(0.5)  # all four have asked: one waits for the lock, three joined it
+
+    def four_asked() -> bool:
+        waiting = reconciler._waiting.get((NS, NAME))
+        return waiting is not None and waiting.done.waiters == 3
+
+    wait_until(four_asked, "one request waiting for the lock and three joined to it")
     return [first, *others]
+
+
+@pytest.fixture(autouse=True)
+def counted_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reconcile_module, "_Waiting", CountedWaiting)
 
 
 def test_requests_behind_a_running_reconcile_become_one_more_reconcile() -> None:
