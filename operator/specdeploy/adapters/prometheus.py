@@ -3,7 +3,13 @@
 vLLM exports counters of drafts, draft tokens and accepted tokens and histograms of inter-token
 latency and time to first token; the pods' `namespace` and `specdeploy_dev_revision` labels (from
 the PodMonitor's podTargetLabels, or scrape annotations) select one revision. Acceptance rate =
-rate(accepted) / rate(draft tokens); mean acceptance length = 1 + rate(accepted) / rate(drafts).
+accepted tokens / draft tokens; mean acceptance length = 1 + accepted tokens / drafts, each
+counted over the window by `window_increase`.
+
+Every counter-based figure (the counters above, and a histogram's buckets, sum and count) is
+counted by `window_increase`, which counts a series Prometheus first saw inside the window from
+zero: a pod that served requests before its first scrape has them counted, where `increase()`
+and `rate()` alone cannot count a series' first sample.
 
 Metrics are selected by exact name: each vLLM counter also exports a `<name>_created` series,
 which a regular expression over names would sum in.
@@ -13,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_api_client import PrometheusConnect
@@ -41,8 +49,46 @@ class PrometheusUnavailableError(Exception):
     """Prometheus could not be queried; the message says why."""
 
 
-def _selector(namespace: str, revision: str) -> str:
+# A metric's exact name, as the exposition format spells it: no regular expression, no selector.
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def revision_selector(namespace: str, revision: str) -> str:
+    """The label matchers of one revision's pods, as `{namespace="...",specdeploy_dev_revision=
+    "..."}`, to put after a metric's name."""
     return f"{{namespace={json.dumps(namespace)},{REVISION_LABEL}={json.dumps(revision)}}}"
+
+
+def window_increase(metric: str, selector: str, window: str, by: Sequence[str] = ()) -> str:
+    """The PromQL of how much the counter `metric` grew over the last `window` (a PromQL
+    duration such as "5m"), summed over the series `selector` picks, one sum per value of the
+    labels `by` (e.g. `("le",)` for a histogram's buckets).
+
+    Each series counts in one of two ways, decided by whether Prometheus holds a sample of it in
+    the window before this one (`present_over_time(...[window] offset window)`):
+    - seen before the window: `increase()` over the window, so a counter reset (a restarted
+      container) counts from zero after it, never negative;
+    - first seen inside the window: its last value in the window, all of it, since the counter
+      started from zero inside the window (a new pod); `increase()` alone would miss every
+      request the pod served before its first scrape.
+    A series that was present before the window but has fewer than two samples in it counts
+    nothing, and a failed scrape's staleness marker does not make a series look new (range
+    selectors skip it). Used for ratios (acceptance rate), counts (draft tokens), histogram
+    quantiles (`histogram_quantile(0.5, window_increase(bucket, ..., by=("le",)))`) and means
+    (sum over count); the answer is empty when no series matches.
+
+    `metric` must be an exact metric name: a regular expression over names would sum in the
+    `<name>_created` series vLLM exports beside each counter.
+    """
+    if not _METRIC_NAME.fullmatch(metric):
+        raise ValueError(f"not a metric name: {metric!r}")
+    series = f"{metric}{selector}[{window}]"
+    seen_before = f"present_over_time({series} offset {window})"
+    grouping = f" by ({', '.join(by)})" if by else ""
+    return (
+        f"sum{grouping} ((increase({series}) and {seen_before}) or "
+        f"(last_over_time({series}) unless {seen_before}))"
+    )
 
 
 def _mean_step_seconds(selector: str, window: str) -> str:
@@ -50,25 +96,25 @@ def _mean_step_seconds(selector: str, window: str) -> str:
     it once per decode step of each sequence). The canary's throughput verdict and the
     autotuner's step costs both read this figure."""
     return (
-        f"sum(increase({INTER_TOKEN_LATENCY_SUM}{selector}[{window}])) / "
-        f"sum(increase({INTER_TOKEN_LATENCY_COUNT}{selector}[{window}]))"
+        f"{window_increase(INTER_TOKEN_LATENCY_SUM, selector, window)} / "
+        f"{window_increase(INTER_TOKEN_LATENCY_COUNT, selector, window)}"
     )
 
 
 def measurement_queries(namespace: str, revision: str, window: str) -> dict[str, str]:
     """The PromQL of each figure, for one revision over `window` (e.g. "5m")."""
-    selector = _selector(namespace, revision)
+    selector = revision_selector(namespace, revision)
 
-    def rate(metric: str) -> str:
-        return f"sum(rate({metric}{selector}[{window}]))"
+    def counted(metric: str) -> str:
+        return window_increase(metric, selector, window)
 
     def median(histogram: str) -> str:
-        return f"histogram_quantile(0.5, sum by (le) (rate({histogram}{selector}[{window}])))"
+        return f"histogram_quantile(0.5, {window_increase(histogram, selector, window, ('le',))})"
 
     return {
-        "acceptance_rate": f"{rate(ACCEPTED_TOKENS)} / {rate(DRAFT_TOKENS)}",
-        "mean_acceptance_length": f"1 + {rate(ACCEPTED_TOKENS)} / {rate(DRAFTS)}",
-        "draft_tokens": f"sum(increase({DRAFT_TOKENS}{selector}[{window}]))",
+        "acceptance_rate": f"{counted(ACCEPTED_TOKENS)} / {counted(DRAFT_TOKENS)}",
+        "mean_acceptance_length": f"1 + {counted(ACCEPTED_TOKENS)} / {counted(DRAFTS)}",
+        "draft_tokens": counted(DRAFT_TOKENS),
         "inter_token_latency_p50": median(INTER_TOKEN_LATENCY),
         "step_seconds": _mean_step_seconds(selector, window),
         "time_to_first_token_p50": median(TIME_TO_FIRST_TOKEN),
@@ -82,16 +128,12 @@ def autotune_queries(namespace: str, revision: str, window: str) -> dict[str, st
     the mean inter-token latency (sum over count), which vLLM observes once per decode step of
     each sequence; the batch sizes are the running sequences per pod, averaged over the pods.
     """
-    selector = _selector(namespace, revision)
-
-    def increase(metric: str) -> str:
-        return f"sum(increase({metric}{selector}[{window}]))"
-
+    selector = revision_selector(namespace, revision)
     return {
-        "drafts": increase(DRAFTS),
-        "draft_tokens": increase(DRAFT_TOKENS),
-        "accepted_per_position": (
-            f"sum by (position) (increase({ACCEPTED_PER_POSITION}{selector}[{window}]))"
+        "drafts": window_increase(DRAFTS, selector, window),
+        "draft_tokens": window_increase(DRAFT_TOKENS, selector, window),
+        "accepted_per_position": window_increase(
+            ACCEPTED_PER_POSITION, selector, window, ("position",)
         ),
         "step_seconds": _mean_step_seconds(selector, window),
         "mean_batch_size": f"avg(avg_over_time({RUNNING}{selector}[{window}]))",
