@@ -83,7 +83,7 @@ def local_pod(
             "securityContext": RESTRICTED_POD_SECURITY,
             "containers": [
                 {
-                    "image": "specdeploy.dev/not-pulled:local",
+                    "image": "specdeploy/engine:e2e",
                     "securityContext": RESTRICTED_CONTAINER_SECURITY,
                     **container,
                 }

@@ -9,6 +9,7 @@ import pytest
 from testbed.process_plan import (
     ContainerConfigError,
     ContainerRecord,
+    Hook,
     Running,
     Terminated,
     Waiting,
@@ -19,14 +20,23 @@ from testbed.process_plan import (
     build_scrape_target_groups,
     consecutive_crashes_after,
     expand_kubelet_vars,
+    grace_after_pre_stop,
+    image_pull_error,
+    image_pull_waiting,
     is_local_process_pod,
+    memory_limit_bytes,
     merge_pod_status,
     pod_phase,
+    pre_stop_hook,
+    probe_spec,
     record_exited,
     record_started,
     restart_backoff_seconds,
     sanitize_label_name,
+    service_link_env,
     should_restart,
+    shutdown_grace_seconds,
+    startup_probe_failed,
     status_differs,
     stop_grace_seconds,
     termination_message,
@@ -159,6 +169,155 @@ def test_config_map_and_secret_references() -> None:
     container["env"] = [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}}]
     with pytest.raises(ContainerConfigError, match='secret "nope" not found'):
         build_container_env(make_pod(), container, {}, lookup)
+
+
+# --- Service links, as kubelet's getServiceEnvVarMap and envvars.FromServices ---------------
+
+
+def service(namespace: str, name: str, ip: str, *ports: tuple[str, int]) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {
+            "clusterIP": ip,
+            "ports": [{"name": n, "port": port, "protocol": "TCP"} for n, port in ports],
+        },
+    }
+
+
+SERVICES = [
+    service("team-a", "vllm", "10.96.0.7", ("http", 8000)),
+    service("team-a", "chat-api", "10.96.0.8", ("", 80), ("grpc", 9000)),
+    service("team-a", "headless", "None", ("http", 8000)),
+    service("team-b", "other", "10.96.0.9", ("http", 8000)),
+    service("default", "kubernetes", "10.96.0.1", ("https", 443)),
+]
+
+
+def test_service_links_give_every_service_of_the_namespace_and_the_master_service() -> None:
+    env = service_link_env(make_pod(), SERVICES)
+    # An SD named vllm: its Service's Docker link variable is what vLLM refuses to start with.
+    assert env["VLLM_PORT"] == "tcp://10.96.0.7:8000"
+    assert env["VLLM_SERVICE_HOST"] == "10.96.0.7"
+    assert env["VLLM_SERVICE_PORT"] == env["VLLM_SERVICE_PORT_HTTP"] == "8000"
+    assert env["VLLM_PORT_8000_TCP"] == "tcp://10.96.0.7:8000"
+    assert env["VLLM_PORT_8000_TCP_PROTO"] == "tcp"
+    assert env["VLLM_PORT_8000_TCP_PORT"] == "8000"
+    assert env["VLLM_PORT_8000_TCP_ADDR"] == "10.96.0.7"
+    # Dashes become underscores; the first port is the unsuffixed one, named ports get theirs.
+    assert env["CHAT_API_SERVICE_PORT"] == "80"
+    assert env["CHAT_API_SERVICE_PORT_GRPC"] == "9000"
+    assert "CHAT_API_SERVICE_PORT_" not in env
+    assert env["CHAT_API_PORT"] == "tcp://10.96.0.8:80"
+    assert env["CHAT_API_PORT_9000_TCP"] == "tcp://10.96.0.8:9000"
+    assert env["KUBERNETES_SERVICE_HOST"] == "10.96.0.1"
+    assert env["KUBERNETES_PORT"] == "tcp://10.96.0.1:443"
+    # No cluster IP, or another namespace: nothing.
+    assert not [k for k in env if k.startswith(("HEADLESS_", "OTHER_"))]
+
+
+def test_without_service_links_only_the_master_service_remains() -> None:
+    env = service_link_env(make_pod(enableServiceLinks=False), SERVICES)
+    assert sorted({k.split("_")[0] for k in env}) == ["KUBERNETES"]
+    assert service_link_env(make_pod(enableServiceLinks=True), SERVICES)["VLLM_PORT"]
+
+
+def test_service_links_expand_and_never_override_the_container_env() -> None:
+    container = {
+        "name": "engine",
+        "command": ["run"],
+        "env": [
+            {"name": "VLLM_PORT", "value": "8000"},
+            {"name": "UPSTREAM", "value": "http://$(CHAT_API_SERVICE_HOST):80"},
+        ],
+    }
+    links = service_link_env(make_pod(), SERVICES)
+    env = build_container_env(make_pod(), container, {}, no_objects, links)
+    assert env["VLLM_PORT"] == "8000"
+    assert env["UPSTREAM"] == "http://10.96.0.8:80"
+    assert env["VLLM_SERVICE_HOST"] == "10.96.0.7"
+
+
+# --- Images ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "specdeploy/engine-cpu:local",
+        "specdeploy/engine:0.1.0",
+        "localhost/specdeploy/operator:0.1.0",
+        "localhost/specdeploy-engine-cpu:dev",
+        "specdeploy/engine@sha256:" + "0" * 64,
+        "specdeploy/engine",
+    ],
+)
+def test_the_images_make_images_builds_are_held(image: str) -> None:
+    assert image_pull_error(image) is None
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "registry.invalid/engine:test",
+        "vllm/vllm-openai:v0.11.0",
+        "docker.io/specdeploy/engine:0.1.0",
+        "registry.example:5000/specdeploy/engine:0.1.0",
+        "localhost:5000/specdeploy/engine:0.1.0",
+        "specdeploy/engine-gpu:0.1.0",
+        "",
+    ],
+)
+def test_any_other_image_fails_to_pull(image: str) -> None:
+    error = image_pull_error(image)
+    assert error is not None
+    assert error.startswith(f'failed to pull image "{image}"')
+
+
+def test_a_failed_pull_is_err_image_pull_then_image_pull_back_off() -> None:
+    image = "registry.invalid/engine:test"
+    error = image_pull_error(image) or ""
+    assert image_pull_waiting(image, error, False) == Waiting("ErrImagePull", error)
+    backing_off = image_pull_waiting(image, error, True)
+    assert backing_off.reason == "ImagePullBackOff"
+    assert backing_off.message == f'Back-off pulling image "{image}": ErrImagePull: {error}'
+
+
+# --- Memory limits, hooks, probes ------------------------------------------------------------
+
+
+def test_memory_limits_in_bytes() -> None:
+    assert memory_limit_bytes({"name": "c"}) is None
+    assert memory_limit_bytes({"name": "c", "resources": {"requests": {"memory": "1Gi"}}}) is None
+    assert memory_limit_bytes({"name": "c", "resources": {"limits": {"memory": "64Mi"}}}) == (
+        64 * 1024 * 1024
+    )
+    assert memory_limit_bytes({"name": "c", "resources": {"limits": {"memory": "2G"}}}) == 2 * 10**9
+
+
+def test_pre_stop_hooks() -> None:
+    assert pre_stop_hook({"name": "c"}) is None
+    sleep = {"name": "c", "lifecycle": {"preStop": {"sleep": {"seconds": 5}}}}
+    assert pre_stop_hook(sleep) == Hook(kind="sleep", seconds=5.0)
+    command = {"name": "c", "lifecycle": {"preStop": {"exec": {"command": ["drain", "-t", "9"]}}}}
+    assert pre_stop_hook(command) == Hook(kind="exec", command=("drain", "-t", "9"))
+    http = {"name": "c", "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": "http"}}}}
+    assert pre_stop_hook(http) == Hook(kind="http", path="/drain", port="http")
+
+
+def test_a_startup_probe_gives_up_after_its_failures_period_apart() -> None:
+    container = {
+        "name": "engine",
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "initialDelaySeconds": 5,
+            "periodSeconds": 10,
+            "failureThreshold": 30,
+        },
+    }
+    spec = probe_spec(container, "startupProbe")
+    assert spec is not None
+    assert not startup_probe_failed(spec, 304.0)
+    assert startup_probe_failed(spec, 305.0)
 
 
 def test_container_without_command_cannot_run() -> None:
@@ -377,12 +536,18 @@ def test_termination_message_is_the_file_or_the_log_tail_when_asked() -> None:
     assert termination_message(container, "", 0, log_text) == ""
 
 
-def test_stop_grace_is_capped() -> None:
-    assert stop_grace_seconds(make_pod()) == 10.0
-    assert stop_grace_seconds(make_pod(terminationGracePeriodSeconds=2)) == 2.0
-    pod = make_pod()
+def test_stop_grace_is_the_deletions_then_the_pods_then_30_seconds() -> None:
+    assert stop_grace_seconds(make_pod()) == 30.0
+    assert stop_grace_seconds(make_pod(terminationGracePeriodSeconds=120)) == 120.0
+    pod = make_pod(terminationGracePeriodSeconds=120)
     pod["metadata"]["deletionGracePeriodSeconds"] = 0
     assert stop_grace_seconds(pod) == 0.0
+    # A preStop hook uses the grace up; SIGTERM still comes 2 s before SIGKILL at least.
+    assert grace_after_pre_stop(120.0, 5.0) == 115.0
+    assert grace_after_pre_stop(30.0, 29.5) == 2.0
+    # When the process kubelet itself stops, containers get at most 10 s.
+    assert shutdown_grace_seconds(make_pod(terminationGracePeriodSeconds=120)) == 10.0
+    assert shutdown_grace_seconds(make_pod(terminationGracePeriodSeconds=2)) == 2.0
 
 
 # --- Pod status ------------------------------------------------------------------------------

@@ -29,11 +29,15 @@ from testbed.process_kubelet import (
 )
 from testbed.sample_server import SAMPLE_SERVER as SERVER
 
+#: An image the test bed holds (testbed.process_plan.LOCAL_IMAGE_REPOSITORIES).
+IMAGE = "specdeploy/engine:test"
+
 
 class FakePodApi:
     """Keeps pods in memory; a status patch replaces the status, as a merge patch would."""
 
     def __init__(self) -> None:
+        self.services: list[dict[str, Any]] = []
         self.pods: dict[str, dict[str, Any]] = {}
         self.deleted: list[str] = []
         self.lock = threading.Lock()
@@ -81,6 +85,9 @@ class FakePodApi:
 
     def read_object_data(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
         return None
+
+    def list_services(self, namespace: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.services)
 
 
 class FakePodMonitorApi:
@@ -152,7 +159,7 @@ def test_server_pod_gets_ready_registered_and_stopped_on_delete(
     tmp_run = sd_dir.parent / "run"
     container = {
         "name": "web",
-        "image": "none",
+        "image": IMAGE,
         "command": [sys.executable, "-c", SERVER],
         "args": ["$(SPECDEPLOY_HOST)", "$(SPECDEPLOY_PORT)"],
         "ports": [{"name": "http", "containerPort": 8000}],
@@ -198,7 +205,7 @@ def test_exit_code_and_termination_message_land_in_status(
         "open(path, 'w').write('pair refused: vocab differs\\n'); "
         "sys.exit(3)"
     )
-    container = {"name": "engine", "image": "none", "command": [sys.executable, "-c", script]}
+    container = {"name": "engine", "image": IMAGE, "command": [sys.executable, "-c", script]}
     instance.observe("ADDED", api.add(local_pod("refused", container, restartPolicy="Never")))
 
     status = wait_for(lambda: (s := api.status_of("refused")).get("phase") == "Failed" and s)
@@ -213,7 +220,7 @@ def test_crashing_container_enters_crash_loop_back_off(
     kubelet: tuple[ProcessKubelet, FakePodApi, Path],
 ) -> None:
     instance, api, _ = kubelet
-    container = {"name": "engine", "image": "none", "command": ["false"]}
+    container = {"name": "engine", "image": IMAGE, "command": ["false"]}
     instance.observe("ADDED", api.add(local_pod("crash", container)))
 
     def backing_off() -> dict[str, Any] | None:
@@ -230,7 +237,7 @@ def test_missing_program_is_a_start_error(
     kubelet: tuple[ProcessKubelet, FakePodApi, Path],
 ) -> None:
     instance, api, _ = kubelet
-    container = {"name": "engine", "image": "none", "command": ["/nonexistent/engine"]}
+    container = {"name": "engine", "image": IMAGE, "command": ["/nonexistent/engine"]}
     instance.observe("ADDED", api.add(local_pod("missing", container, restartPolicy="Never")))
     status = wait_for(lambda: (s := api.status_of("missing")).get("phase") == "Failed" and s)
     terminated = status["containerStatuses"][0]["state"]["terminated"]
@@ -307,7 +314,7 @@ def test_a_restarted_process_kubelet_restarts_containers_it_did_not_adopt(
     tmp_path: Path,
 ) -> None:
     api = FakePodApi()
-    container = {"name": "web", "image": "none", "command": ["sleep", "300"]}
+    container = {"name": "web", "image": IMAGE, "command": ["sleep", "300"]}
     first = ProcessKubelet(api, tmp_path / "run", tmp_path / "sd")
     first.observe("ADDED", api.add(local_pod("web", container)))
     status = wait_for(lambda: (s := api.status_of("web")).get("phase") == "Running" and s)
@@ -364,7 +371,7 @@ def test_targets_follow_pod_monitors_as_they_come_and_go(tmp_path: Path) -> None
     try:
         container = {
             "name": "web",
-            "image": "none",
+            "image": IMAGE,
             "command": [sys.executable, "-c", SERVER, "$(SPECDEPLOY_HOST)", "$(SPECDEPLOY_PORT)"],
             "ports": [{"name": "http", "containerPort": 8000}],
         }
@@ -425,7 +432,7 @@ def test_each_container_runs_on_a_cpu_of_its_own_and_frees_it_when_it_ends(
     machine = sorted(os.sched_getaffinity(0))
     sleeper = {
         "name": "engine",
-        "image": "none",
+        "image": IMAGE,
         "command": [sys.executable, "-c", "import time; time.sleep(120)"],
     }
 
@@ -453,3 +460,188 @@ def test_each_container_runs_on_a_cpu_of_its_own_and_frees_it_when_it_ends(
     assert instance.cpus.taken()[machine[0]] == 0
     instance.observe("ADDED", api.add(local_pod("third", dict(sleeper))))
     assert _allowed_cpus(started("third")) == str(machine[0])
+
+
+def _waiting_reason(api: FakePodApi, name: str) -> str | None:
+    statuses = api.status_of(name).get("containerStatuses") or []
+    return statuses[0]["state"].get("waiting", {}).get("reason") if statuses else None
+
+
+def test_an_image_the_test_bed_lacks_fails_to_pull_and_backs_off(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    instance, api, _ = kubelet
+    container = {"name": "engine", "image": "registry.invalid/engine:1", "command": ["true"]}
+    instance.observe("ADDED", api.add(local_pod("nopull", container)))
+    seen = set()
+
+    def both() -> bool:
+        seen.add(_waiting_reason(api, "nopull"))
+        return {"ErrImagePull", "ImagePullBackOff"} <= seen
+
+    wait_for(both, seconds=10)
+    engine = api.status_of("nopull")["containerStatuses"][0]
+    assert engine["state"]["waiting"]["message"].startswith(
+        'Back-off pulling image "registry.invalid/engine:1": ErrImagePull: failed to pull image'
+    )
+    assert engine["restartCount"] == 0
+    assert "containerID" not in engine
+    assert api.status_of("nopull")["phase"] == "Pending"
+
+
+MEMORY_HOG = "import time; hog = bytearray(256 * 1024 * 1024); time.sleep(60)"
+
+
+@pytest.mark.parametrize(("limit", "killed"), [("128Mi", True), ("512Mi", False)])
+def test_a_container_over_its_memory_limit_is_oom_killed(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path], limit: str, killed: bool
+) -> None:
+    instance, api, _ = kubelet
+    container = {
+        "name": "engine",
+        "image": IMAGE,
+        "command": [sys.executable, "-c", MEMORY_HOG],
+        "resources": {"limits": {"memory": limit}},
+    }
+    instance.observe("ADDED", api.add(local_pod("hog", container, restartPolicy="Never")))
+    if killed:
+        status = wait_for(lambda: (s := api.status_of("hog")).get("phase") == "Failed" and s)
+        terminated = status["containerStatuses"][0]["state"]["terminated"]
+        assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137)
+        return
+    wait_for(lambda: api.status_of("hog").get("phase") == "Running")
+    time.sleep(3)  # a few ticks of the memory check, with the 256 MiB touched
+    assert "running" in api.status_of("hog")["containerStatuses"][0]["state"]
+
+
+ENV_DUMP = (
+    "import json, os, time; json.dump(dict(os.environ), open('env.json', 'w')); time.sleep(60)"
+)
+
+
+@pytest.mark.parametrize("links", [None, True, False])
+def test_service_links_reach_the_container_unless_turned_off(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path], links: bool | None
+) -> None:
+    instance, api, sd_dir = kubelet
+    api.services = [
+        {
+            "metadata": {"namespace": "team-a", "name": "vllm"},
+            "spec": {"clusterIP": "10.96.0.7", "ports": [{"name": "http", "port": 8000}]},
+        }
+    ]
+    container = {"name": "engine", "image": IMAGE, "command": [sys.executable, "-c", ENV_DUMP]}
+    spec = {} if links is None else {"enableServiceLinks": links}
+    pod = api.add(local_pod("links", container, **spec))
+    instance.observe("ADDED", pod)
+    dump = sd_dir.parent / "run" / "pods" / "team-a_links_uid-links" / "env.json"
+    env = wait_for(lambda: dump.exists() and dump.stat().st_size and json.loads(dump.read_text()))
+    if links is False:
+        assert "VLLM_PORT" not in env
+    else:
+        assert env["VLLM_PORT"] == "tcp://10.96.0.7:8000"
+
+
+TERM_LOGGER = textwrap.dedent(
+    """
+    import signal, sys, time
+    def stop(*_):
+        open('events', 'a').write(f'term {time.time()}\\n')
+        time.sleep(float(sys.argv[1]))
+        open('events', 'a').write(f'done {time.time()}\\n')
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    open('ready', 'w').write('')
+    time.sleep(300)
+    """
+)
+
+
+def _run_then_delete(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+    name: str,
+    container: dict[str, Any],
+    grace: int,
+) -> tuple[float, dict[str, float]]:
+    """Runs the pod until its process is up, deletes it with `grace`, waits for the deletion to
+    finish; returns when it was deleted and the times of what its process logged."""
+    instance, api, sd_dir = kubelet
+    folder = sd_dir.parent / "run" / "pods" / f"team-a_{name}_uid-{name}"
+    instance.observe("ADDED", api.add(local_pod(name, container)))
+    wait_for((folder / "ready").exists)
+    deleting = api.read_pod("team-a", name)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    deleting["metadata"]["deletionGracePeriodSeconds"] = grace
+    deleted_at = time.time()
+    instance.observe("MODIFIED", deleting)
+    wait_for(lambda: name in api.deleted, seconds=grace + 10)
+    lines = (folder / "events").read_text().splitlines()
+    return deleted_at, {what: float(when) for what, when in map(str.split, lines)}
+
+
+def test_pre_stop_runs_before_sigterm_and_the_grace_period_is_honoured(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    container = {
+        "name": "engine",
+        "image": IMAGE,
+        # Takes 11 s to stop after SIGTERM: beyond the 10 s the process kubelet once allowed.
+        "command": [sys.executable, "-c", TERM_LOGGER, "11"],
+        "lifecycle": {
+            "preStop": {
+                "exec": {
+                    "command": [
+                        sys.executable,
+                        "-c",
+                        "import time; time.sleep(2); "
+                        "open('events', 'a').write(f'preStop {time.time()}\\n')",
+                    ]
+                }
+            }
+        },
+    }
+    deleted_at, events = _run_then_delete(kubelet, "slow", container, grace=30)
+    assert deleted_at + 2.0 <= events["preStop"] <= events["term"]
+    # It stopped by itself, 11 s after SIGTERM: not killed at 10 s.
+    assert events["done"] - events["term"] >= 11.0
+
+
+def test_a_sleep_pre_stop_delays_sigterm(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    container = {
+        "name": "engine",
+        "image": IMAGE,
+        "command": [sys.executable, "-c", TERM_LOGGER, "0"],
+        "lifecycle": {"preStop": {"sleep": {"seconds": 3}}},
+    }
+    deleted_at, events = _run_then_delete(kubelet, "sleepy", container, grace=30)
+    assert events["term"] - deleted_at >= 3.0
+
+
+def test_a_failing_startup_probe_kills_and_restarts_the_container(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    instance, api, _ = kubelet
+    container = {
+        "name": "engine",
+        "image": IMAGE,
+        "command": ["sleep", "300"],
+        "ports": [{"name": "http", "containerPort": 8000}],
+        # Nothing listens: it fails for 2 x 1 s, then the container is killed.
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 1,
+            "failureThreshold": 2,
+        },
+    }
+    instance.observe(
+        "ADDED", api.add(local_pod("nostart", container, terminationGracePeriodSeconds=1))
+    )
+    engine = wait_for(
+        lambda: (
+            (s := api.status_of("nostart").get("containerStatuses")) and s[0]["lastState"] and s[0]
+        )
+    )
+    assert engine["lastState"]["terminated"]["exitCode"] == 143
+    assert engine["started"] is False

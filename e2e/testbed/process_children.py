@@ -206,6 +206,31 @@ class PidLedger:
         return killed
 
 
+def _proportional_set_size(pid: int) -> int:
+    """A process's proportional set size in bytes (its own pages, plus its share of pages it
+    shares with others); its resident set size where smaps_rollup cannot be read; 0 once gone."""
+    for path, key in ((f"/proc/{pid}/smaps_rollup", "Pss:"), (f"/proc/{pid}/status", "VmRSS:")):
+        try:
+            text = Path(path).read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        for line in text.splitlines():
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def session_memory_bytes(session: int) -> int:
+    """The memory a container uses: the proportional set sizes of every process of its session
+    (a container's processes are one session, led by the process the container started), so
+    pages its processes share count once, as a memory cgroup charges them."""
+    return sum(
+        _proportional_set_size(identity.pid)
+        for identity in _all_processes()
+        if identity.session == session
+    )
+
+
 def _all_processes() -> Iterator[ProcessIdentity]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

@@ -6,9 +6,11 @@ where a cluster's Prometheus would find them: through the PodMonitors that selec
     python -m testbed.process_kubelet --kubeconfig KUBECONFIG --run-dir DIR --sd-dir DIR
 
 One thread watches pods in all namespaces, another the PodMonitors (while their CRD is served);
-each pod it runs gets a worker thread that starts its containers, probes them, applies the
-restart policy, writes the status and its scrape targets and, when the pod is deleted, stops the
-processes and finishes the deletion. The decisions are in process_plan; the child processes are
+each pod it runs gets a worker thread that pulls (or refuses) its images, starts its containers
+with kubelet's environment (service links included), probes them, holds them to their memory
+limits, applies the restart policy, writes the status and its scrape targets and, when the pod
+is deleted, runs the preStop hooks, stops the processes within the grace period and finishes the
+deletion. The decisions are in process_plan; the child processes are
 handled by process_children. The contract is in docs/contracts.md.
 """
 
@@ -46,18 +48,21 @@ from testbed.process_children import (
     PidLedger,
     has_exited,
     reap_child,
+    session_memory_bytes,
     spawn_child,
     stop_children,
 )
 from testbed.process_plan import (
     HOST_ENV,
     LOCAL_HOST,
+    OOM_EXIT_CODE,
     PORT_ENV,
     TERMINATION_LOG_ENV,
     Container,
     ContainerConfigError,
     ContainerReason,
     ContainerRecord,
+    Hook,
     Pod,
     PodMonitor,
     ProbeSpec,
@@ -72,18 +77,26 @@ from testbed.process_plan import (
     build_scrape_target_groups,
     consecutive_crashes_after,
     exit_reason,
+    grace_after_pre_stop,
+    image_pull_error,
+    image_pull_waiting,
     is_being_deleted,
     is_local_process_pod,
     is_terminal,
+    memory_limit_bytes,
     merge_pod_status,
     pod_folder_name,
     pod_key,
+    pre_stop_hook,
     probe_spec,
     record_exited,
     record_started,
     restart_backoff_seconds,
     scrape_target_file_name,
+    service_link_env,
     should_restart,
+    shutdown_grace_seconds,
+    startup_probe_failed,
     status_differs,
     stop_grace_seconds,
     termination_message,
@@ -102,6 +115,9 @@ POD_TARGET_FILE = re.compile(r"^[a-z0-9-]+_[a-z0-9.-]+_[0-9a-f-]{36}\.json$")
 LOCAL_PORTS_FILE = "ports.json"
 
 TICK_SECONDS = 1.0
+#: How long a failed pull shows as ErrImagePull before ImagePullBackOff (a kubelet shows it until
+#: its next sync of the pod).
+PULL_ERROR_SHOWN_SECONDS = 2.0
 # How often to look again for the PodMonitor CRD while it is not served.
 POD_MONITOR_CRD_RETRY_SECONDS = 2.0
 POD_MONITOR_GROUP, POD_MONITOR_VERSION, POD_MONITOR_PLURAL = (
@@ -144,6 +160,11 @@ class PodApi(Protocol):
     def delete_pod_now(self, pod: Pod) -> None: ...
 
     def read_object_data(self, kind: str, namespace: str, name: str) -> dict[str, str] | None: ...
+
+    def list_services(self, namespace: str) -> list[dict[str, Any]]:
+        """The Services of `namespace` and the `kubernetes` Service of `default` (for the
+        service link variables)."""
+        ...
 
 
 class PodMonitorApi(Protocol):
@@ -298,6 +319,23 @@ class KubePodApi:
             for key, value in (body.get("binaryData") or {}).items():
                 data[key] = base64.b64decode(value).decode(errors="replace")
         return data
+
+    def list_services(self, namespace: str) -> list[dict[str, Any]]:
+        found = self._json(self.core.list_namespaced_service(namespace, _preload_content=False))
+        services: list[dict[str, Any]] = list(found.get("items") or [])
+        if namespace != "default":
+            try:
+                services.append(
+                    self._json(
+                        self.core.read_namespaced_service(
+                            "kubernetes", "default", _preload_content=False
+                        )
+                    )
+                )
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+        return services
 
 
 # --- PodMonitors ------------------------------------------------------------------------------
@@ -486,6 +524,9 @@ class ContainerRun:
     log_offset: int = 0
     readiness: ProbeTracker | None = None
     startup: ProbeTracker | None = None
+    #: Failed pulls of its image in a row (kubelet's image back-off), and when the last failed.
+    pull_failures: int = 0
+    pull_failed_at: float = 0.0
 
 
 class PodWorker(threading.Thread):
@@ -556,7 +597,9 @@ class PodWorker(threading.Thread):
         except Exception:
             log.exception("worker for %s failed", pod_key(self.pod))
         finally:
-            self._stop_all(grace=stop_grace_seconds(self.pod))
+            # Stopped without a deletion to honour (the process kubelet stops, or the pod
+            # vanished): a bounded grace and no preStop hook.
+            self._stop_all(grace=shutdown_grace_seconds(self.pod))
             self.targets.remove(self.pod)
             if self._shutdown and not self._gone:
                 # The processes really ended: say so, so that nobody trusts a Ready pod that
@@ -615,17 +658,68 @@ class PodWorker(threading.Thread):
         self._finish_deletion()
 
     def _tend(self, run: ContainerRun) -> None:
-        """One step of one container: notice its exit, (re)start it, probe it."""
+        """One step of one container: notice its exit, (re)start it, hold it to its memory
+        limit, probe it."""
         if run.child is not None and has_exited(run.child):
             self._record_exit(run, reap_child(run.child, self.ledger))
         if run.child is None and run.wants_run and time.monotonic() >= run.start_at:
             self._start(run)
+        elif run.child is None and run.pull_failures:
+            state = run.record.state
+            if (
+                isinstance(state, Waiting)
+                and state.reason == ContainerReason.ERR_IMAGE_PULL
+                and time.monotonic() - run.pull_failed_at >= PULL_ERROR_SHOWN_SECONDS
+            ):
+                # Between pulls kubelet shows the back-off (after a sync or two of the error).
+                image = run.spec.get("image") or ""
+                error = image_pull_error(image) or state.message
+                run.record = replace(run.record, state=image_pull_waiting(image, error, True))
+        if run.child is not None and self._over_memory_limit(run):
+            return
         if run.child is not None:
             self._probe(run)
+        if run.child is not None and self._startup_failed(run):
+            log.info(
+                "%s/%s failed its startup probe; killing it", pod_key(self.pod), run.spec["name"]
+            )
+            grace = stop_grace_seconds(self.pod)
+            (exit_code,) = stop_children([run.child], grace, self.ledger)
+            self._record_exit(run, exit_code)
+
+    def _over_memory_limit(self, run: ContainerRun) -> bool:
+        """Kills the container, as the kernel's OOM killer would, when its processes use more
+        memory than its limit (their summed proportional set size, read every tick)."""
+        assert run.child is not None
+        limit = memory_limit_bytes(run.spec)
+        if limit is None or session_memory_bytes(run.child.pid) <= limit:
+            return False
+        log.info("%s/%s is over its memory limit: OOM-killed", pod_key(self.pod), run.spec["name"])
+        reap_child(run.child, self.ledger)
+        self._record_exit(run, OOM_EXIT_CODE, reason=ContainerReason.OOM_KILLED)
+        return True
+
+    def _startup_failed(self, run: ContainerRun) -> bool:
+        assert run.child is not None
+        startup = run.startup
+        if startup is None or run.record.started:
+            return False
+        return startup_probe_failed(startup.spec, time.monotonic() - run.child.started_monotonic)
 
     def _start(self, run: ContainerRun) -> None:
         pod = self.pod
         name = run.spec["name"]
+        image = run.spec.get("image") or ""
+        pull_error = image_pull_error(image)
+        if pull_error is not None:
+            # As kubelet: ErrImagePull, then ImagePullBackOff until the next try.
+            run.pull_failures += 1
+            run.pull_failed_at = time.monotonic()
+            run.record = replace(run.record, state=image_pull_waiting(image, pull_error, False))
+            run.start_at = time.monotonic() + restart_backoff_seconds(run.pull_failures)
+            log.info("%s/%s: %s", pod_key(pod), name, pull_error)
+            return
+        run.pull_failures = 0
         termination_log = self.folder / f"{name}.termination-log"
         overrides = {
             HOST_ENV: LOCAL_HOST,
@@ -633,7 +727,10 @@ class PodWorker(threading.Thread):
             TERMINATION_LOG_ENV: str(termination_log),
         }
         try:
-            container_env = build_container_env(pod, run.spec, overrides, self.api.read_object_data)
+            services = service_link_env(pod, self.api.list_services(pod["metadata"]["namespace"]))
+            container_env = build_container_env(
+                pod, run.spec, overrides, self.api.read_object_data, services
+            )
             argv = build_command_line(run.spec, container_env)
         except (ContainerConfigError, ApiException) as error:
             message = error.reason if isinstance(error, ApiException) else str(error)
@@ -709,6 +806,7 @@ class PodWorker(threading.Thread):
         exit_code: int,
         start_error: str = "",
         may_restart: bool = True,
+        reason: str = "",
     ) -> None:
         pod = self.pod
         name = run.spec["name"]
@@ -721,7 +819,7 @@ class PodWorker(threading.Thread):
         if start_error:
             reason, message = ContainerReason.START_ERROR, start_error
         else:
-            reason = exit_reason(exit_code)
+            reason = reason or exit_reason(exit_code)
             message = termination_message(
                 run.spec,
                 _read_text(self.folder / f"{name}.termination-log"),
@@ -808,12 +906,16 @@ class PodWorker(threading.Thread):
             self._record_exit(run, exit_code, may_restart=False)
 
     def _finish_deletion(self) -> None:
-        """The pod has a deletionTimestamp: stop its processes, then delete it for good.
+        """The pod has a deletionTimestamp: run the preStop hooks of its running containers,
+        stop its processes with what is left of the grace period, then delete it for good.
 
         No final status is written: the pod disappears at once, as KWOK's own pods do.
         """
         pod = self.pod
-        self._stop_all(grace=stop_grace_seconds(pod))
+        grace = stop_grace_seconds(pod)
+        began = time.monotonic()
+        self._run_pre_stop_hooks(grace)
+        self._stop_all(grace=grace_after_pre_stop(grace, time.monotonic() - began))
         self.targets.remove(pod)
         log.info("deleting pod %s (grace 0)", pod_key(pod))
         for attempt in range(30):
@@ -823,6 +925,56 @@ class PodWorker(threading.Thread):
             except Exception as error:
                 log.warning("deleting %s failed (%s), attempt %d", pod_key(pod), error, attempt)
                 time.sleep(2.0)
+
+    def _run_pre_stop_hooks(self, grace: float) -> None:
+        """Each running container's preStop hook, all at once, as kubelet runs them before it
+        signals the containers; a hook still running when the grace period ends is left."""
+        hooks = [
+            (run, hook)
+            for run in self._runs
+            if run.child is not None and (hook := pre_stop_hook(run.spec)) is not None
+        ]
+        if not hooks:
+            return
+        threads = [
+            threading.Thread(
+                target=self._run_hook, args=(run, hook, grace), name=f"preStop {run.spec['name']}"
+            )
+            for run, hook in hooks
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + grace
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def _run_hook(self, run: ContainerRun, hook: Hook, grace: float) -> None:
+        name = f"{pod_key(self.pod)}/{run.spec['name']}"
+        log.info("%s: preStop %s", name, hook.kind)
+        try:
+            if hook.kind == "sleep":
+                time.sleep(min(hook.seconds, grace))
+            elif hook.kind == "exec":
+                subprocess.run(
+                    list(hook.command),
+                    env=run.env,
+                    cwd=self.folder,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=grace,
+                    check=True,
+                )
+            else:
+                probe = ProbeSpec(
+                    kind="http", path=hook.path, scheme=hook.scheme, timeout_seconds=grace
+                )
+                if not run_probe(probe, run.port, run.env, self.folder):
+                    raise RuntimeError(f"GET {hook.path} failed")
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            # kubelet records FailedPreStopHook and stops the container all the same.
+            log.warning("%s: preStop hook failed: %s", name, error)
+        else:
+            log.info("%s: preStop %s done", name, hook.kind)
 
 
 def read_local_ports(run_dir: Path, pod: Pod) -> dict[str, int] | None:

@@ -1,9 +1,10 @@
 """The process kubelet's decisions, free of side effects.
 
 Everything the process kubelet decides about a pod lives here, so it can be tested without a
-cluster or a process: which pods are ours, the environment and command line of a container
-(kubelet's `$(VAR)` expansion), the Prometheus file-SD target groups (from PodMonitors or scrape
-annotations), the restart policy and back-off, and the pod status a kubelet would write (phase,
+cluster or a process: which pods are ours, which images the test bed holds, the environment and
+command line of a container (kubelet's `$(VAR)` expansion, service links), the Prometheus file-SD
+target groups (from PodMonitors or scrape annotations), the restart policy and back-off, memory
+limits, lifecycle hooks and grace periods, and the pod status a kubelet would write (phase,
 conditions, container statuses).
 """
 
@@ -45,7 +46,14 @@ BACKOFF_MAX_SECONDS: Final = 300.0
 BACKOFF_RESET_AFTER_SECONDS: Final = 600.0
 
 DEFAULT_GRACE_SECONDS: Final = 30.0
-MAX_GRACE_SECONDS: Final = 10.0
+#: What a container still gets after its preStop hook used up the grace period (kubelet's
+#: minimumGracePeriodInSeconds).
+MIN_GRACE_AFTER_PRE_STOP_SECONDS: Final = 2.0
+#: The grace of containers stopped because the process kubelet itself stops (not a pod
+#: deletion): bounded, so a test bed shuts down in seconds.
+SHUTDOWN_GRACE_SECONDS: Final = 10.0
+#: A container killed for exceeding its memory limit: SIGKILL, as the kernel's OOM killer.
+OOM_EXIT_CODE: Final = 137
 
 
 class PodConditionType:
@@ -69,6 +77,9 @@ class ContainerReason:
     """The reasons kubelet uses in container states, and in pod conditions."""
 
     CONTAINER_CREATING: Final = "ContainerCreating"
+    ERR_IMAGE_PULL: Final = "ErrImagePull"
+    IMAGE_PULL_BACK_OFF: Final = "ImagePullBackOff"
+    OOM_KILLED: Final = "OOMKilled"
     CRASH_LOOP_BACK_OFF: Final = "CrashLoopBackOff"
     CREATE_CONTAINER_CONFIG_ERROR: Final = "CreateContainerConfigError"
     CREATE_CONTAINER_ERROR: Final = "CreateContainerError"
@@ -114,7 +125,9 @@ def pod_folder_name(pod: Pod) -> str:
 
 
 def stop_grace_seconds(pod: Pod) -> float:
-    """How long a stopping container gets between SIGTERM and SIGKILL (capped at 10 s)."""
+    """The grace period of a stopping pod, as kubelet takes it: the deletion's
+    (`deletionGracePeriodSeconds`), else `terminationGracePeriodSeconds`, else 30 s. The preStop
+    hooks run within it; what they leave is the time between SIGTERM and SIGKILL."""
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     grace = metadata.get("deletionGracePeriodSeconds")
@@ -122,7 +135,124 @@ def stop_grace_seconds(pod: Pod) -> float:
         grace = spec.get("terminationGracePeriodSeconds")
     if grace is None:
         grace = DEFAULT_GRACE_SECONDS
-    return max(0.0, min(float(grace), MAX_GRACE_SECONDS))
+    return max(0.0, float(grace))
+
+
+def grace_after_pre_stop(grace: float, pre_stop_seconds: float) -> float:
+    """The time between SIGTERM and SIGKILL once the preStop hook took `pre_stop_seconds` of
+    the grace period: the rest, but never under kubelet's 2 s minimum."""
+    return max(MIN_GRACE_AFTER_PRE_STOP_SECONDS, grace - pre_stop_seconds)
+
+
+def shutdown_grace_seconds(pod: Pod) -> float:
+    """The grace of a container stopped because the process kubelet stops: the pod's own,
+    at most 10 s (no preStop hook runs then: the pod is not being deleted)."""
+    return min(stop_grace_seconds(pod), SHUTDOWN_GRACE_SECONDS)
+
+
+# --- Images ----------------------------------------------------------------------------------
+
+#: The images this test bed's nodes hold: the ones `make images` builds, by their local names
+#: (no registry, or podman's `localhost/`), any tag or digest. They are all this repository's
+#: code, which runs here from the project's and the engine's virtualenvs (a container gives its
+#: command; see build_command_line). A container of any other image fails to pull, as on a node
+#: that has not got the image and can reach no registry that serves it.
+LOCAL_IMAGE_REPOSITORIES: Final = frozenset(
+    {
+        "specdeploy/operator",
+        "specdeploy/engine",
+        "specdeploy/engine-cpu",
+        "specdeploy-operator",
+        "specdeploy-engine",
+        "specdeploy-engine-cpu",
+    }
+)
+LOCAL_REGISTRY: Final = "localhost"
+
+
+def image_registry_and_repository(image: str) -> tuple[str | None, str]:
+    """(registry host or None, repository path) of an image reference, without tag or digest.
+
+    As container runtimes read a reference: the first path component is a registry host when
+    it holds a `.` or a `:` or is `localhost`."""
+    name = image.split("@", 1)[0]
+    head, _, rest = name.partition("/")
+    registry: str | None = None
+    if rest and ("." in head or ":" in head or head == LOCAL_REGISTRY):
+        registry, name = head, rest
+    last_slash = name.rfind("/")
+    colon = name.rfind(":")
+    if colon > last_slash:
+        name = name[:colon]
+    return registry, name
+
+
+def image_pull_error(image: str) -> str | None:
+    """Why a pull of `image` fails on the test bed, or None when its nodes hold the image."""
+    registry, repository = image_registry_and_repository(image)
+    if image and registry in (None, LOCAL_REGISTRY) and repository in LOCAL_IMAGE_REPOSITORIES:
+        return None
+    held = ", ".join(sorted(LOCAL_IMAGE_REPOSITORIES))
+    return (
+        f'failed to pull image "{image}": not found: the test bed\'s nodes hold only the '
+        f"images make images builds ({held}) and reach no registry"
+    )
+
+
+def image_pull_waiting(image: str, error: str, backing_off: bool) -> Waiting:
+    """The container's waiting state after a failed pull: ErrImagePull right after the
+    attempt, ImagePullBackOff while kubelet waits to try again (its back-off, as for crashes:
+    10 s doubling to 5 min)."""
+    if backing_off:
+        return Waiting(
+            ContainerReason.IMAGE_PULL_BACK_OFF,
+            f'Back-off pulling image "{image}": {ContainerReason.ERR_IMAGE_PULL}: {error}',
+        )
+    return Waiting(ContainerReason.ERR_IMAGE_PULL, error)
+
+
+# --- Memory limits ---------------------------------------------------------------------------
+
+
+def memory_limit_bytes(container: Container) -> int | None:
+    """The container's memory limit in bytes (`resources.limits.memory`), or None."""
+    raw = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+    if raw is None:
+        return None
+    return int(parse_quantity(raw))
+
+
+# --- Lifecycle hooks -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hook:
+    """A container's preStop handler, reduced to what the process kubelet runs."""
+
+    kind: Literal["exec", "http", "sleep"]
+    command: tuple[str, ...] = ()
+    path: str = "/"
+    port: int | str | None = None
+    scheme: str = "HTTP"
+    seconds: float = 0.0
+
+
+def pre_stop_hook(container: Container) -> Hook | None:
+    """The container's `lifecycle.preStop` (exec, httpGet or sleep), or None."""
+    handler = (container.get("lifecycle") or {}).get("preStop") or {}
+    if "exec" in handler:
+        return Hook(kind="exec", command=tuple(handler["exec"].get("command") or []))
+    if "httpGet" in handler:
+        http = handler["httpGet"]
+        return Hook(
+            kind="http",
+            path=http.get("path") or "/",
+            port=http.get("port"),
+            scheme=(http.get("scheme") or "HTTP").upper(),
+        )
+    if "sleep" in handler:
+        return Hook(kind="sleep", seconds=float(handler["sleep"].get("seconds") or 0))
+    return None
 
 
 # --- Environment and command line ------------------------------------------------------------
@@ -273,15 +403,19 @@ def build_container_env(
     container: Container,
     overrides: Mapping[str, str],
     lookup: ObjectDataLookup,
+    service_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The container's environment as kubelet would build it, with the local overrides.
 
     `envFrom` first, then `env` in order, each value expanded against the variables defined
-    before it. The overrides (`SPECDEPLOY_HOST`, `SPECDEPLOY_PORT`, ...) are defined first and
-    win over the container's own values, so `$(SPECDEPLOY_PORT)` always means the local port.
-    Raises ContainerConfigError when a referenced ConfigMap, Secret or key is missing.
+    before it and the service links (`service_env`, from service_link_env); then every service
+    link variable the container did not define itself. The overrides (`SPECDEPLOY_HOST`,
+    `SPECDEPLOY_PORT`, ...) are defined first and win over the container's own values, so
+    `$(SPECDEPLOY_PORT)` always means the local port. Raises ContainerConfigError when a
+    referenced ConfigMap, Secret or key is missing.
     """
     namespace = pod["metadata"]["namespace"]
+    services = dict(service_env or {})
     env: dict[str, str] = {"HOSTNAME": pod["metadata"]["name"], **overrides}
     for source in container.get("envFrom") or []:
         for name, value in _env_from_source(source, namespace, lookup).items():
@@ -291,9 +425,82 @@ def build_container_env(
         name = item["name"]
         if name in overrides:
             continue
-        item_value = _env_value(pod, container, item, env, lookup)
+        item_value = _env_value(pod, container, item, {**services, **env}, lookup)
         if item_value is not None:
             env[name] = item_value
+    for name, value in services.items():
+        env.setdefault(name, value)
+    return env
+
+
+# --- Service links ---------------------------------------------------------------------------
+
+#: The Services whose variables every pod gets, enableServiceLinks or not: (namespace, name).
+MASTER_SERVICE: Final = ("default", "kubernetes")
+
+
+def _service_env_name(name: str) -> str:
+    return name.upper().replace("-", "_")
+
+
+def _has_cluster_ip(service: Mapping[str, Any]) -> bool:
+    ip = (service.get("spec") or {}).get("clusterIP")
+    return bool(ip) and ip != "None"
+
+
+def _service_variables(service: Mapping[str, Any]) -> dict[str, str]:
+    """One Service's variables, as kubelet's envvars.FromServices makes them."""
+    spec = service.get("spec") or {}
+    ports = spec.get("ports") or []
+    if not ports:
+        return {}
+    ip = str(spec["clusterIP"])
+    prefix = _service_env_name(service["metadata"]["name"])
+    out = {f"{prefix}_SERVICE_HOST": ip, f"{prefix}_SERVICE_PORT": str(ports[0]["port"])}
+    for port in ports:
+        if port.get("name"):
+            out[f"{prefix}_SERVICE_PORT_{_service_env_name(port['name'])}"] = str(port["port"])
+    for index, port in enumerate(ports):
+        protocol = str(port.get("protocol") or "TCP")
+        number = int(port["port"])
+        host_port = f"[{ip}]:{number}" if ":" in ip else f"{ip}:{number}"
+        url = f"{protocol.lower()}://{host_port}"
+        if index == 0:
+            # Docker's link variables: the first port is also `<NAME>_PORT`.
+            out[f"{prefix}_PORT"] = url
+        port_prefix = f"{prefix}_PORT_{number}_{protocol.upper()}"
+        out[port_prefix] = url
+        out[f"{port_prefix}_PROTO"] = protocol.lower()
+        out[f"{port_prefix}_PORT"] = str(number)
+        out[f"{port_prefix}_ADDR"] = ip
+    return out
+
+
+def service_link_env(pod: Pod, services: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The Service variables kubelet puts into every container of `pod` (`getServiceEnvVarMap`
+    and `envvars.FromServices`): the `kubernetes` Service of `default` always, and, while
+    `spec.enableServiceLinks` is true or unset, every Service of the pod's namespace that has
+    a cluster IP: `<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT[_<PORT NAME>]`, and Docker's link
+    variables `<NAME>_PORT=tcp://<ip>:<port>`, `<NAME>_PORT_<port>_TCP[_PROTO|_PORT|_ADDR]`.
+
+    So a Service named `vllm` gives its namespace's pods `VLLM_PORT=tcp://...`, which vLLM reads
+    as its own setting.
+    """
+    namespace = pod["metadata"]["namespace"]
+    links = (pod.get("spec") or {}).get("enableServiceLinks")
+    by_name: dict[str, Mapping[str, Any]] = {}
+    for service in services:
+        if not _has_cluster_ip(service):
+            continue
+        metadata = service.get("metadata") or {}
+        key = (metadata.get("namespace"), metadata.get("name"))
+        if key == MASTER_SERVICE:
+            by_name.setdefault(str(key[1]), service)
+        elif key[0] == namespace and links is not False:
+            by_name[str(key[1])] = service
+    env: dict[str, str] = {}
+    for service in by_name.values():
+        env.update(_service_variables(service))
     return env
 
 
@@ -508,6 +715,7 @@ class ProbeSpec:
     timeout_seconds: float = 1.0
     success_threshold: int = 1
     failure_threshold: int = 3
+    period_seconds: float = 10.0
 
 
 def probe_spec(container: Container, which: str) -> ProbeSpec | None:
@@ -517,6 +725,7 @@ def probe_spec(container: Container, which: str) -> ProbeSpec | None:
         return None
     common: dict[str, Any] = {
         "initial_delay_seconds": float(probe.get("initialDelaySeconds") or 0),
+        "period_seconds": float(probe.get("periodSeconds") or 10),
         "timeout_seconds": float(probe.get("timeoutSeconds") or 1),
         "success_threshold": int(probe.get("successThreshold") or 1),
         "failure_threshold": int(probe.get("failureThreshold") or 3),
@@ -536,6 +745,14 @@ def probe_spec(container: Container, which: str) -> ProbeSpec | None:
     if "exec" in probe:
         return ProbeSpec(kind="exec", command=tuple(probe["exec"].get("command") or []), **common)
     return ProbeSpec(kind="unsupported", **common)
+
+
+def startup_probe_failed(spec: ProbeSpec, alive_for: float) -> bool:
+    """Whether a startup probe that has not passed once gives up on a container that has run
+    `alive_for` seconds: kubelet kills it after `failureThreshold` failures `periodSeconds`
+    apart from `initialDelaySeconds` on. (The process kubelet probes every second; what counts
+    is the time the spec allows for the start, which is what a startup probe is sized for.)"""
+    return alive_for >= spec.initial_delay_seconds + spec.period_seconds * spec.failure_threshold
 
 
 @dataclass
