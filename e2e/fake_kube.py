@@ -13,7 +13,12 @@ through the test bed's real API server and compares what the reconcile saw and w
   resources copied from limits to requests, so a reconcile that compares naively sees drift;
 - status is merge-patched by RFC 7386 (a None removes a key, maps merge, lists are replaced);
 - resourceVersion moves on every write, generation when the spec changes; create answers 409
-  (False) when the name is taken; a ControllerRevision's data cannot change.
+  (False) when the name is taken; a ControllerRevision's data cannot change;
+- a field the operator's apply set before and leaves out now is removed (server-side apply
+  removes the fields a manager stops applying), unless another client's change set it since;
+- pods are listed by namespace and label selector, Workloads by namespace; a LocalQueue exists
+  only when its name is in `local_queues` (by default the test bed's `interactive` and `batch`,
+  which `testbed.create_namespace_with_queues` makes in every namespace).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from specdeploy.plan.children.drift import ATOMIC_MAPS, list_merge_key
 NODES_YAML = Path(__file__).resolve().parent / "manifests" / "nodes.yaml"
 
 Key = tuple[str, str, str]  # kind, namespace, name
+#: A field of an object: map keys, and for lists merged by key, the item's key values.
+FieldPath = tuple[Any, ...]
 
 
 def kwok_gpu_nodes() -> list[dict[str, Any]]:
@@ -71,6 +78,53 @@ def server_side_merge(live: Any, applied: Any, path: str = "") -> Any:
         merged_list.extend(copy.deepcopy(list(by_key.values())))
         return merged_list
     return copy.deepcopy(applied)
+
+
+def field_paths(value: Any, path: FieldPath = (), dotted: str = "") -> set[FieldPath]:
+    """Every field an applied manifest sets, as server-side apply tracks a manager's fields:
+    each map key (atomic maps and lists whole), and each item of a list merged by key with the
+    fields inside it."""
+    found: set[FieldPath] = set()
+    if isinstance(value, Mapping) and dotted not in ATOMIC_MAPS:
+        for key, sub in value.items():
+            sub_path, sub_dotted = (*path, key), f"{dotted}.{key}" if dotted else key
+            found.add(sub_path)
+            found |= field_paths(sub, sub_path, sub_dotted)
+    elif isinstance(value, list) and value and isinstance(value[0], Mapping):
+        keys = list_merge_key(dotted.rsplit(".", 1)[-1], value[0])
+        if keys is not None:
+            for item in value:
+                item_path = (*path, _item_key(item, keys))
+                found.add(item_path)
+                found |= field_paths(item, item_path, dotted)
+    return found
+
+
+def _item_key(item: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
+    return tuple((k, item.get(k, "TCP" if k == "protocol" else None)) for k in keys)
+
+
+def remove_field(obj: Any, path: FieldPath) -> None:
+    """Deletes one field (a map key, or a list item by its key) from `obj`, if it is there."""
+    parent = obj
+    for step in path[:-1]:
+        parent = _child(parent, step)
+        if parent is None:
+            return
+    last = path[-1]
+    if isinstance(parent, dict):
+        parent.pop(last, None)
+    elif isinstance(parent, list) and isinstance(last, tuple):
+        parent[:] = [i for i in parent if _item_key(i, tuple(k for k, _ in last)) != last]
+
+
+def _child(obj: Any, step: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(step)
+    if isinstance(obj, list) and isinstance(step, tuple):
+        keys = tuple(k for k, _ in step)
+        return next((i for i in obj if _item_key(i, keys) == step), None)
+    return None
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -149,6 +203,11 @@ class FakeKube:
         self.write_requests = 0
         self.pods: list[dict[str, Any]] = []
         self.workloads: list[dict[str, Any]] = []
+        #: The LocalQueues that exist, by name, in every namespace.
+        self.local_queues: set[str] = {"interactive", "batch"}
+        #: The fields each object's last apply set, and those others' changes set since.
+        self._applied: dict[Key, set[FieldPath]] = {}
+        self._set_by_others: dict[Key, set[FieldPath]] = {}
         #: The Kueue WorkloadPriorityClasses that exist (all names, when None).
         self.priority_classes: set[str] | None = None
         self._versions = itertools.count(1)
@@ -165,26 +224,31 @@ class FakeKube:
     def list_objects(
         self, api_version: str, kind: str, namespace: str, selector: str
     ) -> list[dict[str, Any]]:
-        key, _, value = selector.partition("=")
         return [
             copy.deepcopy(o)
             for (k, ns, _), o in sorted(self.objects.items())
-            if k == kind
-            and ns == namespace
-            and (o["metadata"].get("labels") or {}).get(key) == value
+            if k == kind and ns == namespace and selected(o, selector)
         ]
 
     def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self.list_objects("apps/v1", "Deployment", namespace, selector)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return copy.deepcopy(self.pods)
+        return [
+            copy.deepcopy(p)
+            for p in self.pods
+            if p["metadata"].get("namespace") == namespace and selected(p, selector)
+        ]
 
     def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
-        return copy.deepcopy(self.workloads)
+        return [
+            copy.deepcopy(w) for w in self.workloads if w["metadata"].get("namespace") == namespace
+        ]
 
     def get_local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return {"spec": {"clusterQueue": name}}
+        if name not in self.local_queues:
+            return None
+        return {"metadata": {"name": name, "namespace": namespace}, "spec": {"clusterQueue": name}}
 
     def get_workload_priority_class(self, name: str) -> dict[str, Any] | None:
         if self.priority_classes is not None and name not in self.priority_classes:
@@ -220,6 +284,13 @@ class FakeKube:
         key = (body["kind"], body["metadata"].get("namespace", ""), body["metadata"]["name"])
         old = self.objects.get(key)
         merged = server_side_merge(copy.deepcopy(old), body) if old else body
+        # What this manager applied before and leaves out now goes, unless another client's
+        # change set it since (then that client owns it too).
+        applied = field_paths(body)
+        dropped = self._applied.get(key, set()) - applied - self._set_by_others.get(key, set())
+        for path in sorted(dropped, key=len):
+            remove_field(merged, path)
+        self._applied[key] = applied
         self._store(key, merged, old)
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
@@ -237,6 +308,8 @@ class FakeKube:
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         self.write_requests += 1
         self.objects.pop((kind, namespace, name), None)
+        self._applied.pop((kind, namespace, name), None)
+        self._set_by_others.pop((kind, namespace, name), None)
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         self.write_requests += 1
@@ -267,6 +340,9 @@ class FakeKube:
             patch(new)
         else:
             new = merge_patch(new, dict(patch))
+        if not by_us:
+            changed = {p for p in field_paths(new) if _child_at(new, p) != _child_at(old, p)}
+            self._set_by_others.setdefault(key, set()).update(changed)
         self._store(key, new, old)
 
     def make_ready(self) -> None:
@@ -287,3 +363,28 @@ class FakeKube:
             for (kind, _, _), o in self.objects.items()
             if kind == "Deployment"
         }
+
+
+def selected(obj: Mapping[str, Any], selector: str) -> bool:
+    """Whether the object's labels match an equality-based label selector (`a=b,c!=d,e`)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            if labels.get(key.rstrip("=")) != value.lstrip("="):
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _child_at(obj: Any, path: FieldPath) -> Any:
+    for step in path:
+        obj = _child(obj, step)
+        if obj is None:
+            return None
+    return obj

@@ -236,12 +236,16 @@ def test_canary_pods_short_of_quota_say_so() -> None:
     gated = {
         "metadata": {
             "name": f"chat-{canary}-x",
+            "namespace": "ns",
             "labels": {"specdeploy.dev/name": "chat", "specdeploy.dev/revision": canary},
         },
         "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]},
     }
     workload = {
-        "metadata": {"ownerReferences": [{"kind": "Pod", "name": f"chat-{canary}-x"}]},
+        "metadata": {
+            "namespace": "ns",
+            "ownerReferences": [{"kind": "Pod", "name": f"chat-{canary}-x"}],
+        },
         "status": {
             "conditions": [
                 {

@@ -16,6 +16,7 @@ def refused_pod(revision: str) -> dict[str, Any]:
     return {
         "metadata": {
             "name": f"chat-{revision}-abc",
+            "namespace": "ns",
             "labels": {"specdeploy.dev/name": "chat", "specdeploy.dev/revision": revision},
         },
         "status": {
