@@ -61,20 +61,29 @@ def is_ready(pod: Mapping[str, Any]) -> bool:
     return ready and not pod["metadata"].get("deletionTimestamp")
 
 
+#: A sample taken while the API server did not answer: which revisions served is unknown.
+UNKNOWN = None
+
+
 @dataclass
 class ServingSampler(Background):
-    """Polls one SD's pods in a background thread: the revisions with a Ready pod, per sample."""
+    """Polls one SD's pods in a background thread: the revisions with a Ready pod, per sample.
+
+    A sample the API server did not answer (restarting, etcd paused) is kept as unknown
+    (`UNKNOWN` in place of the revisions), counted and reported; it is neither a gap nor a
+    serving sample.
+    """
 
     kubectl: Kubectl
     namespace: str
     name: str
     period: float = 1.0
-    samples: list[tuple[float, tuple[str, ...]]] = field(default_factory=list)
+    samples: list[tuple[float, tuple[str, ...] | None]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     thread_name = "serving sampler"
 
-    #: Samples taken before the sampler stops: a rollout can end within a few samples, and
-    #: the moments after it count too (the new revision must go on serving).
+    #: Samples (known ones) taken before the sampler stops: a rollout can end within a few
+    #: samples, and the moments after it count too (the new revision must go on serving).
     min_samples: int = 5
 
     def __enter__(self) -> Self:
@@ -83,30 +92,50 @@ class ServingSampler(Background):
 
     def __exit__(self, *exc: object) -> None:
         deadline = time.monotonic() + 60
-        while len(self.samples) < self.min_samples and time.monotonic() < deadline:
+        while len(self.known()) < self.min_samples and time.monotonic() < deadline:
             time.sleep(self.period)
         super().__exit__(*exc)
 
     def run_loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            at = round(time.monotonic() - self._began, 1)
             try:
                 pods = revision_pods(self.kubectl, self.namespace, self.name)
-            except Exception as error:  # the API server itself down: no sample, noted
-                self.errors.append(f"{time.monotonic() - self._began:.1f}s: {error}")
+            except Exception as error:  # the API server itself down: which revisions served
+                self.errors.append(f"{at}s: {error}")  # is unknown at this moment
+                self.samples.append((at, UNKNOWN))
             else:
                 serving = sorted(
                     {p["metadata"]["labels"][REVISION_LABEL] for p in pods if is_ready(p)}
                 )
-                self.samples.append((round(time.monotonic() - self._began, 1), tuple(serving)))
+                self.samples.append((at, tuple(serving)))
             stop.wait(self.period)
+
+    def known(self) -> list[tuple[float, tuple[str, ...]]]:
+        """The samples the API server answered."""
+        return [(at, serving) for at, serving in self.samples if serving is not UNKNOWN]
+
+    def unknown(self) -> list[float]:
+        """The moments (seconds since the start) at which the API server did not answer."""
+        return [at for at, serving in self.samples if serving is UNKNOWN]
 
     def gaps(self) -> list[float]:
         """The moments (seconds since the start) at which no revision had a Ready pod."""
-        return [at for at, serving in self.samples if not serving]
+        return [at for at, serving in self.known() if not serving]
+
+    def report(self) -> str:
+        unknown = self.unknown()
+        span = f", from {unknown[0]}s to {unknown[-1]}s" if unknown else ""
+        return (
+            f"{len(self.samples)} samples: {len(self.known())} answered, {len(self.gaps())} "
+            f"with no revision serving, {len(unknown)} unknown (API server not answering{span})"
+        )
 
     def check(self) -> None:
-        """Asserts that samples were taken and that every one found a revision serving."""
-        assert len(self.samples) >= self.min_samples, ("too few samples", self.samples, self.errors)
+        """Asserts that enough samples were answered and that every one found a revision
+        serving; prints how many were unknown."""
+        print(f"serving sampler: {self.report()}")
+        assert len(self.known()) >= self.min_samples, ("too few samples", self.samples, self.errors)
         assert not self.gaps(), ("no revision served at", self.gaps(), self.samples)
 
 
@@ -217,5 +246,5 @@ def record_run(test: str, seed: int, outcome: str, **facts: Any) -> None:
     if isinstance(sampler, ServingSampler):
         line["samples"] = len(sampler.samples)
         line["samples_without_a_serving_revision"] = len(sampler.gaps())
-        line["sampling_errors"] = len(sampler.errors)
+        line["samples_unknown"] = len(sampler.unknown())
     _append(line)

@@ -4,8 +4,11 @@ The test bed's components are real local processes (testbed/faults.py stops, pau
 restarts them). GPU pods are KWOK-run (no engine), except in the crash-loop test, where the
 process kubelet runs the engine command for real with an environment that makes it exit 1.
 
-- kube-apiserver restarted mid-rollout, etcd paused mid-rollout: the rollout ends in the new
-  revision, once, with no duplicate revision and some revision serving at every sample.
+- kube-apiserver restarted mid-rollout, etcd paused mid-rollout (seen in flight: the new
+  revision a canary under analysis, the old one still stable, when the fault begins; the verdict
+  that promotes it comes after): the rollout ends in the new revision, once, with no duplicate
+  revision and some revision serving at every sample the API server answered (the others are
+  counted as unknown and reported).
 - Kueue's controller down: its webhooks fail closed, so no new pod can be created; what was
   admitted keeps serving, the SD says it is waiting, and Kueue back finishes the rollout.
 - A KWOK node deleted under a serving revision: its pods are replaced on another node by the
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +83,26 @@ FAULTS: dict[str, Callable[[ClusterEnv], contextlib.AbstractContextManager[None]
 }
 
 
+#: A canary judged every 30 s on metrics KWOK pods never have: each verdict is Inconclusive, and
+#: the first one promotes (onInconclusive: Promote). So the rollout stays in flight for an
+#: interval after the canary is ready: time for a fault to land while it is, and be seen to.
+IN_FLIGHT_ROLLOUT = {
+    "canary": {"replicas": 1},
+    "analysis": {"interval": "30s", "window": "30s", "onInconclusive": "Promote"},
+}
+
+
+def in_flight(kubectl: Kubectl, namespace: str, stable: str) -> dict[str, Any] | None:
+    """The SD's status while a canary beside `stable` is under analysis with no outcome yet."""
+    status = sd_of(kubectl, namespace, NAME).get("status") or {}
+    canary = status.get("canaryRevision")
+    analysis = status.get("analysis") or {}
+    judging = analysis.get("revision") == canary and analysis.get("startedAt")
+    undecided = analysis.get("outcome") not in ("Promote", "Rollback")
+    ours = canary not in (None, stable) and status.get("stableRevision") == stable
+    return status if ours and judging and undecided else None
+
+
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_a_rollout_survives_a_control_plane_fault_and_ends_once_in_the_new_revision(
     cluster: ClusterEnv,
@@ -87,16 +111,25 @@ def test_a_rollout_survives_a_control_plane_fault_and_ends_once_in_the_new_revis
     operator: OperatorProcess,
     fault: str,
 ) -> None:
-    kubectl.apply([llama_8b(NAME, namespace, draft_revision="eagle3-r1")])
+    kubectl.apply([llama_8b(NAME, namespace, "eagle3-r1", rollout=IN_FLIGHT_ROLLOUT)])
     wait_ready(kubectl, namespace, NAME)
     first = sd_of(kubectl, namespace, NAME)["status"]["stableRevision"]
     with ServingSampler(kubectl, namespace, NAME, period=0.5) as sampler:
-        kubectl.apply([llama_8b(NAME, namespace, draft_revision="eagle3-r2")])
-        # Mid-rollout: the new revision's Deployment made, its pods not yet serving.
-        eventually(lambda: len(revisions(kubectl, namespace)) == 2, 60, "the new revision")
+        kubectl.apply([llama_8b(NAME, namespace, "eagle3-r2", rollout=IN_FLIGHT_ROLLOUT)])
+        # Mid-rollout, seen: the new revision is a canary under analysis, the stable is still
+        # the first revision, and no outcome yet.
+        try:
+            status = eventually(
+                lambda: in_flight(kubectl, namespace, first), 60, "the canary analysed"
+            )
+        except TimeoutError as error:
+            last = sd_of(kubectl, namespace, NAME).get("status")
+            raise AssertionError(f"not in flight: {last}") from error
+        second = status["canaryRevision"]
+        fault_began = datetime.now(UTC)
         with FAULTS[fault](cluster):
             pass
-        second = eventually(
+        promoted = eventually(
             lambda: serving(kubectl, namespace, other_than=first), 180, "the new revision Ready"
         )
         eventually(
@@ -104,13 +137,23 @@ def test_a_rollout_survives_a_control_plane_fault_and_ends_once_in_the_new_revis
             60,
             "the first revision at zero",
         )
+    assert promoted == second
     assert operator.process is not None
     assert operator.process.poll() is None, "the operator died"
     sampler.check()
-    print(f"\n{fault}: {len(sampler.samples)} samples, {len(sampler.errors)} without the API")
+    print(f"\n{fault}: {sampler.report()}")
     status = sd_of(kubectl, namespace, NAME)["status"]
     assert [r["revision"] for r in status["revisions"]].count(second) == 1, status["revisions"]
     assert {r["revision"] for r in status["revisions"]} >= {first, second}
+    # The verdict that promoted the canary came after the fault began: the fault landed while
+    # the rollout was in flight.
+    [record] = [r for r in status["revisions"] if r["revision"] == second]
+    promoting = record["verdicts"][-1]
+    assert parse_time(promoting["time"]) >= fault_began.replace(microsecond=0), (
+        promoting,
+        fault_began,
+    )
+    assert status["analysis"]["outcome"] == "Promote", status["analysis"]
 
     def pod_revisions() -> set[str]:
         return {
@@ -118,6 +161,10 @@ def test_a_rollout_survives_a_control_plane_fault_and_ends_once_in_the_new_revis
         }
 
     eventually(lambda: pod_revisions() == {second}, 60, "only the new revision's pods")
+
+
+def parse_time(value: str) -> datetime:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
 def test_kueue_down_blocks_new_pods_the_stable_serves_and_kueue_back_finishes_the_rollout(
