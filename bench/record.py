@@ -134,10 +134,16 @@ def recorded_peak_load(result: Mapping[str, Any], part: str | None = None) -> fl
             return float(loads[part]["max"])
         if part is None and len(loads) == 1:
             return float(next(iter(loads.values()))["max"])
-    averages = result.get("machine", {}).get("load_average")
+    averages = machine_of(result).get("load_average")
     if averages:
         return float(max(averages))
     return None
+
+
+def machine_of(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A result's `machine` (older results wrote only the architecture there)."""
+    found = result.get("machine")
+    return found if isinstance(found, Mapping) else {}
 
 
 def write_result(name: str, data: Mapping[str, Any], results: Path = RESULTS) -> Path:

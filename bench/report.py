@@ -18,7 +18,23 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from bench.record import REPO, RESULTS
+from bench.confidence import Direction, Figure, Verdict
+from bench.figures import (
+    autotune_figures,
+    bound_for,
+    passthrough_figures,
+    reaction_figures,
+    recorded_figures,
+    rollout_figures,
+)
+from bench.record import (
+    LOAD_BOUND_PER_CPU,
+    REPO,
+    RESULTS,
+    machine_of,
+    read_result,
+    recorded_peak_load,
+)
 
 DOC = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench:latest:begin -->", "<!-- bench:latest:end -->"
@@ -185,60 +201,6 @@ def plot_passthrough(p4: dict[str, Any] | None) -> str | None:
 # --- the report ------------------------------------------------------------------------------
 
 
-def autotune_rows(tune: dict[str, Any] | None) -> list[tuple[str, str, str, str, str]]:
-    """P4 autotune: per workload, the operator's k against the sweep's best and k=5; then
-    whether the workloads got different choices."""
-    if not tune:
-        return [("P4 autotune", "—", "—", "—", "not measured")]
-    rows: list[tuple[str, str, str, str, str]] = []
-    for name, w in tune["workloads"].items():
-        chosen = w["operator"]["chosen"]
-        context = (
-            f"k={chosen} {w['operator_tokens_per_s']} tokens/s; oracle k={w['oracle_best_k']} "
-            f"{w['oracle_best_tokens_per_s']}; k=5 {w['default_k_tokens_per_s']}"
-        )
-        confirmed = w.get("head_to_head")
-        oracle_context = context
-        if confirmed:
-            oracle_context = (
-                f"head to head, k={confirmed['operator_k']} against k={confirmed['oracle_k']}: "
-                f"median of {len(confirmed['ratios'])} paired rounds "
-                f"(spread {min(confirmed['ratios'])} to {max(confirmed['ratios'])}); in the sweep "
-                f"{w['operator_vs_oracle_sweep']} ({context})"
-            )
-        rows.append(
-            (
-                f"P4 autotune {name}, vs oracle",
-                f"ratio {w['operator_vs_oracle']}",
-                oracle_context,
-                "≥ 0.95",
-                verdict(w["operator_vs_oracle"], 0.95, higher_is_better=True),
-            )
-        )
-        rows.append(
-            (
-                f"P4 autotune {name}, vs k=5",
-                f"ratio {w['operator_vs_default_k']}",
-                context,
-                "≥ 1.0",
-                verdict(w["operator_vs_default_k"], 1.0, higher_is_better=True),
-            )
-        )
-    chosen = {name: w["operator"]["chosen"] for name, w in tune["workloads"].items()}
-    if len(chosen) > 1:
-        differ = len(set(chosen.values())) == len(chosen)
-        rows.append(
-            (
-                "P4 autotune, the workloads' choices differ",
-                ", ".join(f"{n} k={k}" for n, k in chosen.items()),
-                "one choice per workload",
-                "different",
-                "met" if differ else "**missed**",
-            )
-        )
-    return rows
-
-
 def autotune_section(tune: dict[str, Any] | None) -> str:
     if not tune:
         return "_bench-autotune not run_"
@@ -283,145 +245,87 @@ def autotune_section(tune: dict[str, Any] | None) -> str:
     return "\n\n".join(parts)
 
 
-def summary_rows(
-    kwok: dict[str, Any] | None,
-    engine: dict[str, Any] | None,
-    scale: dict[str, Any] | None,
-    p3: dict[str, Any] | None,
-    p4: dict[str, Any] | None,
-) -> list[tuple[str, str, str, str, str]]:
-    """(figure, measured, baseline/context, target, verdict)."""
-    rows: list[tuple[str, str, str, str, str]] = []
-    for name, result in (
-        ("P1 rollout overhead, KWOK pods", kwok),
-        ("P1 rollout overhead, CPU engines", engine),
-    ):
-        if result is None:
-            rows.append((name, "—", "—", "—", "not measured"))
-            continue
-        rows.append(
-            (
-                name,
-                f"ratio {result['ratio']}",
-                f"SD {result['sd_median_s']} s vs raw {result['raw_median_s']} s "
-                f"(medians of {result['runs']})",
-                f"≤ {result['target_ratio']}",
-                verdict(result["ratio"], result["target_ratio"]),
-            )
-        )  # fmt: skip
+def scale_rows(scale: dict[str, Any] | None) -> list[tuple[str, str, str, str, str, str]]:
+    """P2 (one run per number of SDs, absolute figures): (figure, measured, interval, target,
+    load, verdict). The timed ones give no verdict when the machine was busier than its bound;
+    memory and request counts do not move with the load."""
     points = (scale or {}).get("points") or []
-    if points:
-        largest = points[-1]
-        first = points[0]
+    if not scale or not points:
+        return [("P2 scale", "—", "—", "—", "—", "not measured")]
+    peak, bound = recorded_peak_load(scale, "scale"), bound_for(scale)
+    busy = peak is None or peak > bound
+    load_text = f"{fmt(peak)} (bound {bound:g})"
+    largest, first = points[-1], points[0]
+
+    def timed(value: Any, target: float) -> str:
+        return "inconclusive (load)" if busy else verdict(value, target)
+
+    growth = (
+        largest["idle_reads_per_min"] / first["idle_reads_per_min"]
+        if first.get("idle_reads_per_min")
+        else None
+    )
+    # The operator's 5-minute resync lists each cached kind once whatever the number of SDs:
+    # an idle window that holds it sees up to that many reads at any size.
+    flat = (largest.get("idle_reads_per_min") or 0) <= max(
+        1.5 * (first.get("idle_reads_per_min") or 0), RESYNC_LISTS
+    )
+    sds = largest["sds"]
+    one = "one run"
+    return [
+        (f"P2 operator RSS at {sds} SDs", f"{largest.get('rss_idle_mib')} MiB "
+         f"({first.get('rss_idle_mib')} at {first['sds']})", one, "≤ 250 MiB", load_text,
+         verdict(largest.get("rss_idle_mib"), 250)),
+        (f"P2 idle API writes/min at {sds} SDs", fmt(largest.get("idle_writes_per_min")),
+         one, "0", load_text, verdict(largest.get("idle_writes_per_min"), 0)),
+        (f"P2 idle API reads/min at {sds} SDs", f"{fmt(largest.get('idle_reads_per_min'))} "
+         f"({fmt(first.get('idle_reads_per_min'))} at {first['sds']}, x {fmt(growth)})", one,
+         "not growing with #SDs", load_text,
+         "one point only" if largest is first else ("met" if flat else "**missed**")),
+        (f"P2 resync after a restart at {sds} SDs", f"{fmt(largest.get('resync_s'))} s "
+         f"({largest.get('resynced')} of {sds} reconciled)", one, "≤ 30 s", load_text,
+         timed(largest.get("resync_s"), 30)),
+        (f"P2 all Ready at {sds} SDs", f"{fmt(largest.get('all_ready_s'))} s "
+         f"({largest.get('ready')} of {sds})", one, "—", load_text,
+         "reached" if largest.get("all_ready_s") is not None else "**not all Ready**"),
+    ]  # fmt: skip
+
+
+def figure_rows(figures: list[Figure]) -> list[tuple[str, str, str, str, str, str]]:
+    """(figure, median ratio and rounds, 95 % interval, target, load, verdict) of each figure."""
+    rows = []
+    for f in figures:
+        side = "≥" if f.direction is Direction.AT_LEAST else "≤"
+        shown = f"**{f.verdict}**" if f.verdict is not Verdict.MET else str(f.verdict)
         rows.append(
             (
-                f"P2 operator RSS at {largest['sds']} SDs",
-                f"{largest.get('rss_idle_mib')} MiB",
-                f"{first.get('rss_idle_mib')} MiB at {first['sds']}",
-                "≤ 250 MiB",
-                verdict(largest.get("rss_idle_mib"), 250),
+                f.name,
+                f"{f.median:.3g} ({len(f.rounds)} round{'s' if len(f.rounds) != 1 else ''})",
+                f"{f.low:.3g} to {f.high:.3g}",
+                f"{side} {f.target:g}",
+                f"{fmt(f.load)} (bound {fmt(f.load_bound)})",
+                shown,
             )
         )
-        rows.append(
-            (
-                f"P2 idle API writes/min at {largest['sds']} SDs",
-                fmt(largest.get("idle_writes_per_min")),
-                "audit log",
-                "0",
-                verdict(largest.get("idle_writes_per_min"), 0),
-            )
-        )
-        growth = (
-            largest["idle_reads_per_min"] / first["idle_reads_per_min"]
-            if first.get("idle_reads_per_min")
-            else None
-        )
-        # The operator's 5-minute resync lists each cached kind once whatever the number of
-        # SDs: an idle window that holds it sees up to that many reads at any size.
-        flat = (largest.get("idle_reads_per_min") or 0) <= max(
-            1.5 * (first.get("idle_reads_per_min") or 0), RESYNC_LISTS
-        )
-        rows.append(
-            (
-                f"P2 idle API reads/min at {largest['sds']} SDs",
-                fmt(largest.get("idle_reads_per_min")),
-                f"{fmt(first.get('idle_reads_per_min'))} at {first['sds']} "
-                f"(x {fmt(growth)} for x {largest['sds'] // first['sds']} SDs)",
-                "not growing with #SDs",
-                "one point only" if largest is first else ("met" if flat else "**missed**"),
-            )
-        )
-        rows.append(
-            (
-                f"P2 resync after a restart at {largest['sds']} SDs",
-                f"{fmt(largest.get('resync_s'))} s",
-                f"{largest.get('resynced')} of {largest['sds']} reconciled",
-                "≤ 30 s",
-                verdict(largest.get("resync_s"), 30),
-            )
-        )
-        rows.append(
-            (
-                f"P2 all Ready at {largest['sds']} SDs",
-                f"{fmt(largest.get('all_ready_s'))} s",
-                f"{largest.get('ready')} of {largest['sds']} Ready; "
-                f"{fmt(first.get('all_ready_s'))} s at {first['sds']}",
-                "—",
-                "reached" if largest.get("all_ready_s") is not None else "**not all Ready**",
-            )
-        )  # fmt: skip
-    else:
-        rows.append(("P2 scale", "—", "—", "—", "not measured"))
-    if p3 and "rollback" in p3:
-        r = p3["rollback"]
-        rows.append(
-            (
-                "P3 bad canary → stable only, over floor",
-                f"ratio {r['ratio']}",
-                f"{r['seconds']} s vs floor {r['floor_s']} s",
-                "≤ 1.2",
-                verdict(r["ratio"], 1.2),
-            )
-        )
-    if p3 and "collapse" in p3:
-        c = p3["collapse"]
-        rows.append(
-            (
-                "P3 collapse → fallback decided, over floor",
-                f"ratio {c['ratio']}",
-                f"{c['decided_s']} s vs floor {c['floor_s']} s; fallback serving after "
-                f"{c['fallback_served_s']} s (x {c['ratio_to_fallback_served']}, engine start)",
-                "≤ 1.2",
-                verdict(c["ratio"], 1.2),
-            )
-        )
-    if not p3:
-        rows.append(("P3 reaction", "—", "—", "—", "not measured"))
-    elif "error" in p3:
-        rows.append(("P3 reaction (the rest)", "—", p3["error"][:300], "≤ 1.2", "**not measured**"))
-    if p4:
-        rows.append(
-            (
-                "P4 engine pass-through, tokens/s",
-                f"ratio {p4['tokens_per_s_ratio']}",
-                f"{p4['operator']['tokens_per_s']} vs {p4['hand']['tokens_per_s']} "
-                "tokens/s by hand",
-                "≥ 0.97",
-                verdict(p4["tokens_per_s_ratio"], 0.97, higher_is_better=True),
-            )
-        )  # fmt: skip
-        rows.append(
-            (
-                "P4 engine pass-through, inter-token latency",
-                f"ratio {p4['itl_ratio']}",
-                f"{p4['operator']['itl_median_ms']} vs {p4['hand']['itl_median_ms']} ms by hand",
-                "≥ 0.97 (hand / operator)",
-                verdict(p4["itl_ratio"], 0.97, higher_is_better=True),
-            )
-        )  # fmt: skip
-    else:
-        rows.append(("P4 engine pass-through", "—", "—", "—", "not measured"))
     return rows
+
+
+def autotune_choice_row(tune: dict[str, Any] | None) -> list[tuple[str, str, str, str, str, str]]:
+    """Whether the two workloads got different choices of k (a fact, not a ratio)."""
+    if not tune or len(tune["workloads"]) < 2:
+        return []
+    chosen = {name: w["operator"]["chosen"] for name, w in tune["workloads"].items()}
+    differ = len(set(chosen.values())) == len(chosen)
+    return [
+        (
+            "P4 autotune, the workloads' choices differ",
+            ", ".join(f"{n} k={k}" for n, k in chosen.items()),
+            "—",
+            "different",
+            "—",
+            "met" if differ else "**missed**",
+        )
+    ]
 
 
 #: LISTs of one resync of the operator's watch-fed stores (one per cached kind,
@@ -491,14 +395,26 @@ LIMITS = {
 }
 
 
-def missed_section(rows: list[tuple[str, str, str, str, str]]) -> str:
+def verdicts_section(figures: list[Figure], rows: list[tuple[str, ...]]) -> str:
+    """Why each figure is not met: what limits a missed one, why an inconclusive one says
+    nothing either way."""
     lines = []
-    for figure, measured, context, target, result in rows:
-        if "missed" not in result and "not all" not in result and "not measured**" not in result:
+    for f in figures:
+        if f.verdict is Verdict.MET:
             continue
-        why = next((v for k, v in LIMITS.items() if figure.startswith(k)), "see above")
-        lines.append(f"- **{figure}**: {measured} ({context}), target {target}. Limited by: {why}.")
-    return "\n".join(lines) or "None: every measured target was met."
+        line = f"- **{f.name}** ({f.verdict}): {f.reason}."
+        if f.verdict is Verdict.MISSED:
+            why = next((v for k, v in LIMITS.items() if f.name.startswith(k)), "see below")
+            line += f" Limited by: {why}."
+        lines.append(line)
+    for figure, measured, _, target, load, result in rows:
+        if "missed" in result or "not all" in result or "inconclusive" in result:
+            why = next((v for k, v in LIMITS.items() if figure.startswith(k)), "see below")
+            lines.append(
+                f"- **{figure}** ({result.strip('*')}): {measured}, target {target}, load {load}."
+                + (f" Limited by: {why}." if "missed" in result else "")
+            )
+    return "\n".join(lines) or "None: every figure met its target."
 
 
 def table(header: list[str], rows: list[tuple[Any, ...]]) -> str:
@@ -522,6 +438,41 @@ def passthrough_rounds(p4: dict[str, Any] | None) -> str:
         + ("identical." if not differences else "; ".join(differences) + "."),
     ]
     return "\n".join(lines)
+
+
+HOW_TO_READ = (
+    "Each figure is the median of per-round ratios against a baseline measured in the same run "
+    "(run i of one side against run i of the other, which alternate), with a 95 % interval "
+    "from resampling the rounds (bootstrap of the median). Met: the whole interval on the "
+    "target's side; missed: the whole interval on the other side; inconclusive: the interval "
+    "straddles the target, fewer than 5 rounds, or the 1-minute load average went above the "
+    f"bound ({LOAD_BOUND_PER_CPU:g} per CPU) while the part ran. Absolute times are context only."
+)
+
+
+def load_section(results: dict[str, dict[str, Any] | None]) -> str:
+    """The load each part ran under: sampled during the part, or for older results only the
+    load averages when the file was written (a lower bound of what the part saw)."""
+    rows = []
+    for name, result in results.items():
+        if not result:
+            continue
+        bound = bound_for(result)
+        parts = result.get("load")
+        if isinstance(parts, dict) and parts:
+            for part, seen in parts.items():
+                rows.append(
+                    (name, part, f"{seen['started']} to {seen['ended']}",
+                     f"{seen['min']} to {seen['max']} (mean {seen['mean']})", f"{bound:g}")
+                )  # fmt: skip
+        else:
+            written = machine_of(result).get("load_average")
+            rows.append(
+                (name, "(whole file)", machine_of(result).get("date", "—"),
+                 f"1/5/15-min averages {written} when written (not sampled during the part)",
+                 f"{bound:g}")
+            )  # fmt: skip
+    return table(["result", "part", "when", "1-min load average", "bound"], rows)
 
 
 def context_line(*results: dict[str, Any] | None) -> str:
@@ -610,23 +561,56 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if tune and (RESULTS / "autotune.png").exists():
         plots.append("autotune.png")  # written by bench-autotune, the chosen k marked
-    rows = summary_rows(kwok, engine, scale, p3, p4) + autotune_rows(tune)
-    summary = table(["figure", "measured", "baseline / context", "target", "verdict"], list(rows))
-    missed = missed_section(rows)
+    named = {
+        "p1-kwok": kwok,
+        "p1-engine": engine,
+        "scale": scale,
+        "p3-reaction": p3,
+        "passthrough": p4,
+        "autotune": tune,
+        "plan": plan,
+        "engine-cpu": engine_cpu,
+    }
+    others = {
+        path.stem: read_result(path.stem) or {}
+        for path in sorted(RESULTS.glob("*.json"))
+        if path.stem not in named and not path.stem.endswith(".raw")
+    }
+    figures = (
+        rollout_figures(kwok, engine)
+        + passthrough_figures(p4)
+        + reaction_figures(p3)
+        + autotune_figures(tune)
+        + recorded_figures(others)
+    )
+    rows = scale_rows(scale) + autotune_choice_row(tune)
+    header = [
+        "figure",
+        "median ratio (rounds)",
+        "95 % interval",
+        "target",
+        "load (peak)",
+        "verdict",
+    ]
+    summary = table(header, [*figure_rows(figures), *rows])
+    explained = verdicts_section(figures, list(rows))
     context = context_line(kwok, engine, scale, p3, p4, tune)
     report = [
         "# specdeploy benchmarks (`make bench`)",
         "",
-        f"Measured {context}. Every figure is a ratio against a baseline measured in the same "
-        "run; absolute times are context only (a shared 2-core machine, other builds running).",
+        f"Measured {context}. {HOW_TO_READ}",
         "",
         "## Summary",
         "",
         summary,
         "",
-        "## Targets missed, and what limits them",
+        "## Verdicts other than met, and why",
         "",
-        missed,
+        explained,
+        "",
+        "## The load during each part",
+        "",
+        load_section(named),
         "",
         "## P1: rollout overhead",
         "",
@@ -672,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]  # fmt: skip
     (RESULTS / "report.md").write_text("\n".join(report))
-    update_doc(summary + "\n\n" + missed, context)
+    update_doc(f"{HOW_TO_READ}\n\n{summary}\n\n{explained}", context)
     print(f"wrote {RESULTS / 'report.md'} and {len(plots)} plots", file=sys.stderr)
     return 0
 

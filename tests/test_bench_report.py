@@ -1,0 +1,111 @@
+"""The report's figures from saved results, and P3's timing from pod events."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.confidence import Verdict
+from bench.figures import autotune_figures, passthrough_figures, reaction_figures, rollout_figures
+from bench.report import figure_rows, scale_rows, verdicts_section
+from bench.serving_watch import PodEvent, pod_event, reaction_seconds, serving_timeline
+
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+
+
+def saved(name: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads((RESULTS / f"{name}.json").read_text())
+    return found
+
+
+def quiet(result: dict[str, Any]) -> dict[str, Any]:
+    """The same result as if measured on a quiet machine."""
+    calm = copy.deepcopy(result)
+    calm["machine"]["load_average"] = [0.5, 0.5, 0.5]
+    return calm
+
+
+def test_pass_through_of_the_run_that_read_met_is_inconclusive() -> None:
+    """2026-11-23's pass-through read "1.42, met" from medians of each side; its rounds spread
+    0.41 to 2.04, and it ran at a load average of 10."""
+    tokens, _ = passthrough_figures(saved("passthrough"))
+    assert tokens.verdict is Verdict.INCONCLUSIVE
+    assert "above the bound" in tokens.reason
+    quiet_tokens, _ = passthrough_figures(quiet(saved("passthrough")))
+    assert quiet_tokens.verdict is Verdict.INCONCLUSIVE, "and on a quiet machine: it straddles"
+    assert "straddles" in quiet_tokens.reason
+
+
+def test_rollout_rounds_are_paired_run_by_run() -> None:
+    kwok = quiet(saved("p1-kwok"))
+    [figure] = rollout_figures(kwok, None)
+    ratios = [sd / raw for sd, raw in zip(kwok["sd_seconds"], kwok["raw_seconds"], strict=True)]
+    assert list(figure.rounds) == ratios
+    assert figure.verdict is Verdict.MISSED, "every KWOK run of the SD took over 1.5x the raw's"
+
+
+def test_a_reaction_under_its_floor_gives_no_verdict() -> None:
+    p3 = quiet(saved("p3-reaction"))
+    rollback, _ = reaction_figures(p3)
+    assert rollback.verdict is Verdict.INCONCLUSIVE
+    assert "below the floor" in rollback.reason
+    fine = {**p3, "rollback": {"runs_s": [21.0, 22.5, 21.4, 23.0, 22.3], "floor_s": 20}}
+    [rollback, _] = reaction_figures(fine)
+    assert rollback.verdict is Verdict.MET
+    assert rollback.median == pytest.approx(22.3 / 20)
+
+
+def test_autotune_same_k_as_the_oracle_is_met_without_rounds() -> None:
+    well_vs_oracle, well_vs_k5, bad_vs_oracle, bad_vs_k5 = autotune_figures(saved("autotune"))
+    assert bad_vs_oracle.verdict is Verdict.MET
+    assert bad_vs_oracle.rounds == (1.0,)
+    assert well_vs_oracle.verdict is Verdict.INCONCLUSIVE  # 0.92 to 1.06 around 0.95
+    assert len(well_vs_oracle.rounds) == 10
+    assert bad_vs_k5.verdict is Verdict.MET
+    assert well_vs_k5.verdict is Verdict.INCONCLUSIVE
+
+
+def test_the_report_names_every_verdict_other_than_met() -> None:
+    figures = passthrough_figures(saved("passthrough")) + autotune_figures(saved("autotune"))
+    rows = scale_rows(saved("scale"))
+    text = verdicts_section(figures, list(rows))
+    assert "P4 engine pass-through, tokens/s** (inconclusive)" in text
+    assert "P2 operator RSS at 1000 SDs** (missed)" in text
+    assert "Limited by:" in text
+    assert "P2 resync after a restart at 1000 SDs** (inconclusive (load))" in text
+    assert "predicted-badly, k=1 vs k=5" not in text, "a met figure is not explained"
+    shown = {row[0]: row for row in figure_rows(figures)}
+    assert shown["P4 engine pass-through, tokens/s"][5] == "**inconclusive**"
+
+
+def events(*steps: tuple[float, str, str, bool]) -> list[PodEvent]:
+    return [PodEvent(at, pod, revision, serving) for at, pod, revision, serving in steps]
+
+
+def test_the_reaction_runs_from_the_canary_serving_to_the_stable_alone() -> None:
+    seen = events(
+        (0.0, "s-1", "stable", True),
+        (1.0, "c-1", "canary", False),  # created, not ready yet
+        (31.0, "c-1", "canary", True),  # ready: the analysis starts about now
+        (40.0, "s-1", "stable", True),  # the stable's pod again (a status change): both serve
+        (52.5, "c-1", "canary", False),  # being deleted: out of the Service
+    )
+    assert serving_timeline(seen)[-1] == (52.5, frozenset({"stable"}))
+    assert reaction_seconds(seen, "canary", "stable") == pytest.approx(21.5)
+    assert reaction_seconds(seen[:4], "canary", "stable") is None, "not rolled back yet"
+    assert reaction_seconds(seen[:1], "canary", "stable") is None, "the canary never served"
+
+
+def test_a_pod_event_reads_readiness_and_deletion() -> None:
+    pod: dict[str, Any] = {
+        "metadata": {"name": "c-1", "labels": {"rev": "canary"}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert pod_event(1.0, "MODIFIED", pod, "rev").serving
+    deleting = {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "2026-11-26T00:00:00Z"}}
+    assert not pod_event(1.0, "MODIFIED", deleting, "rev").serving
+    assert pod_event(1.0, "DELETED", pod, "rev").gone
