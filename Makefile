@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed ## Create the project virtualenv
 
 .PHONY: lint
-lint: venv chart-scan ## ruff, mypy --strict, docs/crd-reference.md current, and the chart's manifest scan
+lint: venv chart-scan dockerfile-lint ## ruff, mypy --strict, docs/crd-reference.md current, hadolint, the chart's manifest scan
 	$(VENV)/bin/ruff check operator tests e2e hack bench
 	$(VENV)/bin/ruff format --check operator tests e2e hack bench
 	$(VENV)/bin/mypy
@@ -61,6 +61,20 @@ chart-docs: venv ## Regenerate charts/specdeploy/README.md (and CRD templates) f
 chart-lint: venv tools ## helm lint --strict and the chart's helm template tests (no cluster)
 	"$$(bash hack/build-testbed-tools.sh --print-dir)/helm" lint --strict charts/specdeploy
 	$(PY) -m pytest tests -m helm
+
+# --- Images -------------------------------------------------------------------------------------
+.PHONY: images
+images: venv engine-venv ## Build the operator and CPU engine images with podman and smoke-run them (docs/images.md)
+	bash hack/build-images.sh
+	$(PY) -m pytest e2e/test_images.py -m e2e -v
+
+.PHONY: operator-image
+operator-image: ## Build the operator image with podman (make e2e smoke-runs it)
+	bash hack/build-images.sh operator
+
+.PHONY: dockerfile-lint
+dockerfile-lint: venv ## hadolint on every Dockerfile (images/*/Dockerfile), the GPU engine's included
+	$(VENV)/bin/hadolint images/*/Dockerfile
 
 # --- Test bed -------------------------------------------------------------------------------
 .PHONY: tools
@@ -107,8 +121,8 @@ operator-down: ## Stop the background operator
 	@if [ -f $(OPERATOR_PID) ]; then kill "$$(cat $(OPERATOR_PID))" 2>/dev/null || true; rm -f $(OPERATOR_PID); fi
 
 .PHONY: e2e
-e2e: venv tools system-deps engine-venv prometheus-operator-crd ## End-to-end tests against the local cluster (never skipped)
-	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m e2e --durations=25
+e2e: venv tools system-deps engine-venv prometheus-operator-crd operator-image ## End-to-end tests against the local cluster (never skipped; the CPU engine image's are in make images)
+	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m 'e2e and not engine_image' --durations=25
 
 .PHONY: soak
 soak: venv tools system-deps engine-venv prometheus-operator-crd ## Operator SIGKILLed 20+ times during real canaries and a collapse (not in CI); bench/results/soak.*

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the test bed needs: prometheus. A no-op when it is there.
+# Installs Debian packages the project needs, when missing: those named as arguments, else the
+# test bed's (prometheus). A no-op when they are there. hack/build-images.sh asks for podman,
+# runc and mmdebstrap.
 #
 # The test bed runs Prometheus itself, as a plain process with its own configuration on a free
 # 127.0.0.1 port (e2e/testbed/cluster.py); the package's service is never used. So that installing
@@ -8,7 +10,10 @@
 # installed earlier) is left alone: nothing here depends on it.
 set -euo pipefail
 
-PACKAGES=(prometheus)
+PACKAGES=("$@")
+if [[ ${#PACKAGES[@]} -eq 0 ]]; then
+  PACKAGES=(prometheus)
+fi
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
@@ -38,11 +43,13 @@ fi
 cleanup() { if [[ $placed_policy -eq 1 ]]; then "${SUDO[@]}" rm -f "$POLICY"; fi; }
 trap cleanup EXIT
 
-"${SUDO[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+"${SUDO[@]}" apt-get update -qq -o DPkg::Lock::Timeout=600
+DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends "${missing[@]}"
 
 # Keep the package's service from starting at boot where systemd manages services.
-if command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
-  "${SUDO[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
+if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+  if command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
+    "${SUDO[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
+  prometheus --version 2>&1 | head -n1 >&2
 fi
-prometheus --version 2>&1 | head -n1 >&2
