@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from testbed.images import ImageEntry, build_image_command, image_entry_from_dockerfile
+from testbed.pod_volumes import IssuedToken, PlannedMount, container_mounts, volume_files
 from testbed.process_plan import (
     ContainerConfigError,
     ContainerRecord,
@@ -41,6 +44,8 @@ from testbed.process_plan import (
     stop_grace_seconds,
     termination_message,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def make_pod(**spec: Any) -> dict[str, Any]:
@@ -695,3 +700,139 @@ def test_restart_count_counts_every_start_after_the_first() -> None:
 def test_back_off_is_forgotten_after_a_long_run() -> None:
     assert consecutive_crashes_after(3, ran_for_seconds=5) == 4
     assert consecutive_crashes_after(3, ran_for_seconds=3600) == 1
+
+
+# --- images and volumes -----------------------------------------------------------------------
+
+
+def test_command_and_args_combine_with_the_images_entry_point_as_kubernetes_says() -> None:
+    image = ImageEntry(entrypoint=("/venv/bin/specdeploy",), cmd=("operator", "run"))
+    assert build_image_command([], [], image) == ["/venv/bin/specdeploy", "operator", "run"]
+    assert build_image_command([], ["operator", "run", "--config", "c"], image) == [
+        "/venv/bin/specdeploy",
+        "operator",
+        "run",
+        "--config",
+        "c",
+    ]
+    assert build_image_command(["sh", "-c"], ["true"], image) == ["sh", "-c", "true"]
+    assert build_image_command(["sh"], [], image) == ["sh"]
+    assert build_image_command([], ["x"], None) == []
+
+
+def test_the_operator_images_entry_comes_from_its_dockerfile() -> None:
+    dockerfile = (REPO / "images" / "operator" / "Dockerfile").read_text()
+    entry = image_entry_from_dockerfile(dockerfile, {"specdeploy": "/venv/bin/specdeploy"})
+    assert entry.entrypoint == ("/venv/bin/specdeploy",)
+    assert entry.cmd == ("operator", "run")
+    assert entry.env == {"PYTHONUNBUFFERED": "1"}
+    with pytest.raises(ValueError, match="no local stand-in"):
+        image_entry_from_dockerfile(dockerfile, {})
+    with pytest.raises(ValueError, match="exec form"):
+        image_entry_from_dockerfile('ENTRYPOINT specdeploy "x"\n', {"specdeploy": "s"})
+
+
+def test_volume_files_as_kubelet_writes_them() -> None:
+    objects = {
+        ("ConfigMap", "team-a", "settings"): {"config.yaml": "a: 1\n", "other": "x"},
+        ("ConfigMap", "team-a", "kube-root-ca.crt"): {"ca.crt": "PEM"},
+        ("Secret", "team-a", "creds"): {"token": "s3cret"},
+    }
+
+    def lookup(kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        return objects.get((kind, namespace, name))
+
+    asked: list[tuple[str | None, int]] = []
+
+    def token(pod: dict[str, Any], audience: str | None, seconds: int) -> IssuedToken:
+        asked.append((audience, seconds))
+        return IssuedToken("jwt", 1000.0)
+
+    pod = make_pod()
+    container = {"name": "engine"}
+    config = volume_files(
+        pod,
+        container,
+        {
+            "name": "c",
+            "configMap": {
+                "name": "settings",
+                "items": [{"key": "config.yaml", "path": "d/c.yaml"}],
+            },
+        },
+        lookup,
+        token,
+    )
+    assert {k: v.content for k, v in config.files.items()} == {"d/c.yaml": b"a: 1\n"}
+    secret = volume_files(
+        pod,
+        container,
+        {"name": "s", "secret": {"secretName": "creds", "defaultMode": 0o400}},
+        lookup,
+        token,
+    )
+    assert secret.files["token"].mode == 0o400
+    projected = volume_files(
+        pod,
+        container,
+        {
+            "name": "p",
+            "projected": {
+                "sources": [
+                    {
+                        "serviceAccountToken": {
+                            "path": "token",
+                            "audience": "vault",
+                            "expirationSeconds": 600,
+                        }
+                    },
+                    {
+                        "configMap": {
+                            "name": "kube-root-ca.crt",
+                            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                        }
+                    },
+                    {
+                        "downwardAPI": {
+                            "items": [
+                                {
+                                    "path": "namespace",
+                                    "fieldRef": {"fieldPath": "metadata.namespace"},
+                                }
+                            ]
+                        }
+                    },
+                ]
+            },
+        },
+        lookup,
+        token,
+    )
+    assert {k: v.content for k, v in projected.files.items()} == {
+        "token": b"jwt",
+        "ca.crt": b"PEM",
+        "namespace": b"team-a",
+    }
+    assert asked == [("vault", 600)]
+    assert projected.refresh_after == pytest.approx(800.0)  # 80 % of the token's life
+    with pytest.raises(ContainerConfigError, match='configmap "gone" not found'):
+        volume_files(pod, container, {"name": "g", "configMap": {"name": "gone"}}, lookup, token)
+    optional = {"name": "g", "configMap": {"name": "gone", "optional": True}}
+    assert volume_files(pod, container, optional, lookup, token).files == {}
+
+
+def test_only_supported_volumes_are_mounted_and_subpaths_are_refused() -> None:
+    pod = make_pod()
+    pod["spec"]["volumes"] = [
+        {"name": "config", "configMap": {"name": "c"}},
+        {"name": "models", "persistentVolumeClaim": {"claimName": "m"}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": "/etc/c", "readOnly": True},
+        {"name": "models", "mountPath": "/models"},
+    ]
+    container = {"name": "engine", "volumeMounts": mounts}
+    assert container_mounts(pod, container) == [PlannedMount("config", "/etc/c", True)]
+    mounts[0]["subPath"] = "x"
+    with pytest.raises(ContainerConfigError, match="subPath"):
+        container_mounts(pod, container)

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from testbed.images import ImageEntry
+from testbed.pod_volumes import IssuedToken
 from testbed.process_children import CpuAllocator, PidLedger, read_identity, spawn_child
 from testbed.process_kubelet import (
     PodGoneError,
@@ -42,6 +44,8 @@ class FakePodApi:
         self.deleted: list[str] = []
         self.lock = threading.Lock()
         self.version = 1
+        self.objects: dict[tuple[str, str, str], dict[str, str]] = {}
+        self.tokens_issued = 0
 
     def add(self, pod: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
@@ -84,7 +88,11 @@ class FakePodApi:
             self.deleted.append(pod["metadata"]["name"])
 
     def read_object_data(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
-        return None
+        return self.objects.get((kind, namespace, name))
+
+    def request_token(self, pod: dict[str, Any], audience: str | None, seconds: int) -> IssuedToken:
+        self.tokens_issued += 1
+        return IssuedToken(f"token-{self.tokens_issued}-for-{pod['metadata']['name']}", seconds)
 
     def list_services(self, namespace: str) -> list[dict[str, Any]]:
         return copy.deepcopy(self.services)
@@ -645,3 +653,141 @@ def test_a_failing_startup_probe_kills_and_restarts_the_container(
     )
     assert engine["lastState"]["terminated"]["exitCode"] == 143
     assert engine["started"] is False
+
+
+IN_CLUSTER_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def kube_api_access_volume() -> dict[str, Any]:
+    """The volume the ServiceAccount admission plugin adds to a pod that automounts a token."""
+    return {
+        "name": "kube-api-access-x1",
+        "projected": {
+            "defaultMode": 420,
+            "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {
+                    "configMap": {
+                        "name": "kube-root-ca.crt",
+                        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                    }
+                },
+                {
+                    "downwardAPI": {
+                        "items": [
+                            {
+                                "path": "namespace",
+                                "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                            }
+                        ]
+                    }
+                },
+            ],
+        },
+    }
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces with overlays need root")
+def test_an_image_without_command_runs_its_entry_point_with_volumes_at_their_mount_paths(
+    tmp_path: Path,
+) -> None:
+    """The chart's operator pod in small: no command (the image map's entry point), its args,
+    a ConfigMap mounted read-only at a path the host does not have, the ServiceAccount token
+    where in-cluster clients read it, an emptyDir, and kubelet's KUBERNETES_SERVICE_* env."""
+    api = FakePodApi()
+    api.objects[("ConfigMap", "team-a", "settings")] = {"config.yaml": "interval: 7\n"}
+    api.objects[("ConfigMap", "team-a", "kube-root-ca.crt")] = {"ca.crt": "CA PEM\n"}
+    script = textwrap.dedent(
+        f"""
+        import os, pathlib, sys
+        out = pathlib.Path(os.environ["OUT"])
+        sa = pathlib.Path("{IN_CLUSTER_PATH}")
+        lines = [
+            " ".join(sys.argv[1:]),
+            pathlib.Path("/etc/specdeploy-test/config.yaml").read_text().strip(),
+            (sa / "token").read_text(), (sa / "ca.crt").read_text().strip(),
+            (sa / "namespace").read_text(),
+            os.environ["KUBERNETES_SERVICE_HOST"] + ":" + os.environ["KUBERNETES_SERVICE_PORT"],
+            os.environ["FROM_IMAGE"],
+        ]
+        try:
+            pathlib.Path("/etc/specdeploy-test/x").write_text("x")
+            lines.append("config writable")
+        except OSError:
+            lines.append("config read-only")
+        pathlib.Path("/var/cache/specdeploy-test/y").write_text("y")
+        out.write_text("\\n".join(lines) + "\\n")
+        """
+    )
+    program = tmp_path / "program.py"
+    program.write_text(script)
+    images = {
+        "example/operator:1": ImageEntry(
+            entrypoint=(sys.executable, str(program)), cmd=("default",), env={"FROM_IMAGE": "yes"}
+        )
+    }
+    out = tmp_path / "out.txt"
+    container = {
+        "name": "operator",
+        "image": "example/operator:1",
+        "args": ["run", "--config", "/etc/specdeploy-test/config.yaml"],
+        "env": [{"name": "OUT", "value": str(out)}],
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/specdeploy-test", "readOnly": True},
+            {"name": "kube-api-access-x1", "mountPath": IN_CLUSTER_PATH, "readOnly": True},
+            {"name": "scratch", "mountPath": "/var/cache/specdeploy-test"},
+        ],
+    }
+    pod = local_pod(
+        "operator-0",
+        container,
+        restartPolicy="Never",
+        serviceAccountName="operator",
+        volumes=[
+            {"name": "config", "configMap": {"name": "settings"}},
+            kube_api_access_volume(),
+            {"name": "scratch", "emptyDir": {}},
+        ],
+    )
+    kubelet = ProcessKubelet(
+        api,
+        tmp_path / "run",
+        tmp_path / "sd",
+        images=images,
+        service_env={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"},
+    )
+    try:
+        kubelet.resync([api.add(pod)])
+        wait_for(lambda: api.status_of("operator-0").get("phase") == "Succeeded")
+    finally:
+        kubelet.stop()
+    assert out.read_text().splitlines() == [
+        "run --config /etc/specdeploy-test/config.yaml",
+        "interval: 7",
+        "token-1-for-operator-0",
+        "CA PEM",
+        "team-a",
+        "127.0.0.1:6443",
+        "yes",
+        "config read-only",
+    ]
+    assert not Path("/etc/specdeploy-test").exists(), "a mount point was made on the host"
+    (folder,) = (tmp_path / "run" / "pods").iterdir()
+    assert (folder / "volumes" / "scratch" / "y").read_text() == "y"
+
+
+def test_an_image_the_map_does_not_know_cannot_run_without_a_command(tmp_path: Path) -> None:
+    api = FakePodApi()
+    pod = local_pod("unknown-0", {"name": "app", "image": "specdeploy/engine:1"})
+    kubelet = ProcessKubelet(api, tmp_path / "run", tmp_path / "sd")
+    try:
+        kubelet.resync([api.add(pod)])
+
+        def waiting_reason() -> str | None:
+            statuses = api.status_of("unknown-0").get("containerStatuses") or [{}]
+            return ((statuses[0].get("state") or {}).get("waiting") or {}).get("message")
+
+        message = wait_for(waiting_reason)
+    finally:
+        kubelet.stop()
+    assert "no entry point for its image 'specdeploy/engine:1'" in message

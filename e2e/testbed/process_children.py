@@ -263,9 +263,11 @@ def spawn_child(
     ledger: PidLedger,
     owner: str,
     cpu: int | None = None,
+    record_argv: list[str] | None = None,
 ) -> Child:
     """Start a container process: own session, dies with us, output appended to `log_path`,
-    pinned to `cpu` when one is given.
+    pinned to `cpu` when one is given. `record_argv` is what the process ends up running when
+    `argv` starts it through a wrapper that execs it (the pid record's command line).
 
     Raises OSError when the program cannot be started (not found, not executable).
     """
@@ -282,8 +284,8 @@ def spawn_child(
         )
     identity = read_identity(popen.pid)
     if identity is not None:
-        ledger.record(identity, argv, owner)
-    return Child(popen=popen, argv=argv, started_monotonic=time.monotonic(), cpu=cpu)
+        ledger.record(identity, record_argv or argv, owner)
+    return Child(popen=popen, argv=record_argv or argv, started_monotonic=time.monotonic(), cpu=cpu)
 
 
 def has_exited(child: Child) -> bool:

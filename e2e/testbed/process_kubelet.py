@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -42,6 +44,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch import watch as kube_watch
 
+from testbed.images import ImageEntry, read_image_map
+from testbed.pod_volumes import IssuedToken, PlannedMount, PodVolumes, container_mounts
 from testbed.process_children import (
     Child,
     CpuAllocator,
@@ -111,6 +115,8 @@ new_client_from_config: Callable[..., client.ApiClient] = config.new_client_from
 # `<namespace>_<pod>_<uid>.json`, as scrape_target_file_name makes them.
 POD_TARGET_FILE = re.compile(r"^[a-z0-9-]+_[a-z0-9.-]+_[0-9a-f-]{36}\.json$")
 
+CONTAINER_INIT = Path(__file__).with_name("container_init.py")
+
 # In each pod's folder: {container name: local port}.
 LOCAL_PORTS_FILE = "ports.json"
 
@@ -165,6 +171,8 @@ class PodApi(Protocol):
         """The Services of `namespace` and the `kubernetes` Service of `default` (for the
         service link variables)."""
         ...
+
+    def request_token(self, pod: Pod, audience: str | None, seconds: int) -> IssuedToken: ...
 
 
 class PodMonitorApi(Protocol):
@@ -336,6 +344,26 @@ class KubePodApi:
                 if error.status != 404:
                     raise
         return services
+
+    def request_token(self, pod: Pod, audience: str | None, seconds: int) -> IssuedToken:
+        """A token of the pod's ServiceAccount bound to the pod (TokenRequest), as kubelet
+        asks for a projected serviceAccountToken."""
+        metadata = pod["metadata"]
+        spec = client.V1TokenRequestSpec(
+            audiences=[audience] if audience else [],
+            expiration_seconds=seconds,
+            bound_object_ref=client.V1BoundObjectReference(
+                api_version="v1", kind="Pod", name=metadata["name"], uid=metadata["uid"]
+            ),
+        )
+        answer: Any = self.core.create_namespaced_service_account_token(
+            pod["spec"].get("serviceAccountName") or "default",
+            metadata["namespace"],
+            client.AuthenticationV1TokenRequest(spec=spec),
+        )
+        expires = answer.status.expiration_timestamp
+        lifetime = (expires - datetime.now(UTC)).total_seconds() if expires else float(seconds)
+        return IssuedToken(str(answer.status.token), max(1.0, lifetime))
 
 
 # --- PodMonitors ------------------------------------------------------------------------------
@@ -527,6 +555,7 @@ class ContainerRun:
     #: Failed pulls of its image in a row (kubelet's image back-off), and when the last failed.
     pull_failures: int = 0
     pull_failed_at: float = 0.0
+    mounts: list[PlannedMount] = field(default_factory=list)
 
 
 class PodWorker(threading.Thread):
@@ -547,6 +576,8 @@ class PodWorker(threading.Thread):
         ports: PortAllocator,
         monitors: PodMonitors,
         cpus: CpuAllocator | None = None,
+        images: Mapping[str, ImageEntry] | None = None,
+        service_env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(name=f"pod {pod_key(pod)}", daemon=True)
         self.api = api
@@ -555,7 +586,10 @@ class PodWorker(threading.Thread):
         self.ledger = ledger
         self.ports = ports
         self.cpus = cpus or CpuAllocator(())
+        self.images = images or {}
+        self.service_env = dict(service_env or {})
         self.folder = pods_dir / pod_folder_name(pod)
+        self.volumes = PodVolumes(self.folder)
         self._pod = pod
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -648,6 +682,7 @@ class PodWorker(threading.Thread):
             self._wake.clear()
             for run in self._runs:
                 self._tend(run)
+            self._refresh_tokens()
             try:
                 self._publish()
             except Exception as error:  # the API server may be briefly away; keep running
@@ -710,7 +745,8 @@ class PodWorker(threading.Thread):
         pod = self.pod
         name = run.spec["name"]
         image = run.spec.get("image") or ""
-        pull_error = image_pull_error(image)
+        # An image the image map runs is one the nodes hold, whatever its name.
+        pull_error = None if image in self.images else image_pull_error(image)
         if pull_error is not None:
             # As kubelet: ErrImagePull, then ImagePullBackOff until the next try.
             run.pull_failures += 1
@@ -726,12 +762,22 @@ class PodWorker(threading.Thread):
             PORT_ENV: str(run.port),
             TERMINATION_LOG_ENV: str(termination_log),
         }
+        image = self.images.get(run.spec.get("image") or "")
         try:
-            services = service_link_env(pod, self.api.list_services(pod["metadata"]["namespace"]))
+            # The service links as kubelet makes them, but the `kubernetes` Service's variables
+            # name the API server's own address: there is no Service network here.
+            services = {
+                **service_link_env(pod, self.api.list_services(pod["metadata"]["namespace"])),
+                **self.service_env,
+            }
             container_env = build_container_env(
                 pod, run.spec, overrides, self.api.read_object_data, services
             )
-            argv = build_command_line(run.spec, container_env)
+            argv = build_command_line(run.spec, container_env, image)
+            run.mounts = container_mounts(pod, run.spec)
+            self.volumes.fill(
+                pod, run.spec, run.mounts, self.api.read_object_data, self.api.request_token
+            )
         except (ContainerConfigError, ApiException) as error:
             message = error.reason if isinstance(error, ApiException) else str(error)
             run.record = replace(
@@ -740,8 +786,9 @@ class PodWorker(threading.Thread):
             )
             run.start_at = time.monotonic() + CONFIG_RETRY_SECONDS
             return
-        # The host's environment stands in for the image's (PATH, HOME, a venv's PYTHONPATH).
-        run.env = {**os.environ, **container_env}
+        # The host's environment stands in for the image's (PATH, HOME, a venv's PYTHONPATH),
+        # with what the image map says of the image's own on top.
+        run.env = {**os.environ, **(image.env if image else {}), **container_env}
         termination_log.write_text("")
         log_path = self.folder / f"{name}.log"
         run.log_offset = log_path.stat().st_size if log_path.exists() else 0
@@ -751,7 +798,8 @@ class PodWorker(threading.Thread):
         cpu = self.cpus.take()
         try:
             run.child = spawn_child(
-                argv,
+                self._in_mount_namespace(run, argv),
+                record_argv=argv,
                 env=run.env,
                 cwd=self.folder,
                 log_path=log_path,
@@ -777,6 +825,47 @@ class PodWorker(threading.Thread):
             has_readiness_probe=run.readiness is not None,
             has_startup_probe=run.startup is not None,
         )
+
+    def _in_mount_namespace(self, run: ContainerRun, argv: list[str]) -> list[str]:
+        """argv, started through container_init so that the container's volumes are at its
+        mount paths (unchanged for a container without mounts)."""
+        if not run.mounts:
+            return argv
+        name = run.spec["name"]
+        scratch = self.folder / "overlays" / name
+        shutil.rmtree(scratch, ignore_errors=True)
+        spec = {
+            "mounts": [
+                {
+                    "source": str(self.volumes.path(mount.volume)),
+                    "target": mount.target,
+                    "readOnly": mount.read_only,
+                }
+                for mount in run.mounts
+            ],
+            "scratch": str(scratch),
+        }
+        spec_path = self.folder / f"{name}.mounts.json"
+        spec_path.write_text(json.dumps(spec, indent=2) + "\n")
+        return [sys.executable, "-I", str(CONTAINER_INIT), str(spec_path), "--", *argv]
+
+    def _refresh_tokens(self) -> None:
+        """Renew the tokens of projected volumes once 80 % of their life has passed."""
+        due = set(self.volumes.refresh_due())
+        if not due:
+            return
+        for run in self._runs:
+            mounts = [mount for mount in run.mounts if mount.volume in due]
+            if not mounts:
+                continue
+            try:
+                self.volumes.fill(
+                    self.pod, run.spec, mounts, self.api.read_object_data, self.api.request_token
+                )
+                log.info("%s: renewed the token(s) in %s", pod_key(self.pod), sorted(due))
+            except (ContainerConfigError, ApiException) as error:
+                log.warning("%s: token not renewed: %s", pod_key(self.pod), error)
+            due -= {mount.volume for mount in mounts}
 
     @staticmethod
     def _tracker(container: Container, which: str) -> ProbeTracker | None:
@@ -917,6 +1006,7 @@ class PodWorker(threading.Thread):
         self._run_pre_stop_hooks(grace)
         self._stop_all(grace=grace_after_pre_stop(grace, time.monotonic() - began))
         self.targets.remove(pod)
+        self.volumes.remove()
         log.info("deleting pod %s (grace 0)", pod_key(pod))
         for attempt in range(30):
             try:
@@ -977,6 +1067,24 @@ class PodWorker(threading.Thread):
             log.info("%s: preStop %s done", name, hook.kind)
 
 
+def kubernetes_service_env(api_server: str) -> dict[str, str]:
+    """The variables kubelet gives every container for the `kubernetes` Service, which
+    in-cluster clients read (`load_incluster_config`). There is no Service network here: they
+    name the API server's own address, as a node reaches it."""
+    address = urllib.parse.urlsplit(api_server)
+    host, port = str(address.hostname), str(address.port or 443)
+    return {
+        "KUBERNETES_SERVICE_HOST": host,
+        "KUBERNETES_SERVICE_PORT": port,
+        "KUBERNETES_SERVICE_PORT_HTTPS": port,
+        "KUBERNETES_PORT": f"tcp://{host}:{port}",
+        f"KUBERNETES_PORT_{port}_TCP": f"tcp://{host}:{port}",
+        f"KUBERNETES_PORT_{port}_TCP_PROTO": "tcp",
+        f"KUBERNETES_PORT_{port}_TCP_PORT": port,
+        f"KUBERNETES_PORT_{port}_TCP_ADDR": host,
+    }
+
+
 def read_local_ports(run_dir: Path, pod: Pod) -> dict[str, int] | None:
     """{container name: local port} of a pod this process kubelet (run folder `run_dir`) runs;
     None until it has started the pod."""
@@ -1005,9 +1113,18 @@ class ProcessKubelet:
     """Watches pods and keeps one PodWorker per local-process pod."""
 
     def __init__(
-        self, api: PodApi, run_dir: Path, sd_dir: Path, monitors: PodMonitors | None = None
+        self,
+        api: PodApi,
+        run_dir: Path,
+        sd_dir: Path,
+        monitors: PodMonitors | None = None,
+        *,
+        images: Mapping[str, ImageEntry] | None = None,
+        service_env: Mapping[str, str] | None = None,
     ) -> None:
         self.api = api
+        self.images = dict(images or {})
+        self.service_env = dict(service_env or {})
         self.monitors = monitors or PodMonitors()
         self.pods_dir = run_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
@@ -1043,6 +1160,8 @@ class ProcessKubelet:
                     ports=self.ports,
                     monitors=self.monitors,
                     cpus=self.cpus,
+                    images=self.images,
+                    service_env=self.service_env,
                 )
                 self.workers[uid] = worker
                 worker.start()
@@ -1103,6 +1222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", required=True, type=Path)
     parser.add_argument("--run-dir", required=True, type=Path, help="pod folders, pid records")
     parser.add_argument("--sd-dir", required=True, type=Path, help="Prometheus file-SD folder")
+    parser.add_argument(
+        "--image-map", type=Path, help="JSON {image: entry point} (testbed.images)", default=None
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s: %(message)s"
@@ -1117,8 +1239,16 @@ def main(argv: list[str] | None = None) -> int:
     if stale_targets:
         log.info("removed scrape target files left by a previous instance: %s", stale_targets)
 
-    api = KubePodApi(new_client_from_config(config_file=str(args.kubeconfig)))
-    kubelet = ProcessKubelet(api, args.run_dir, args.sd_dir, PodMonitors(api))
+    api_client = new_client_from_config(config_file=str(args.kubeconfig))
+    api = KubePodApi(api_client)
+    kubelet = ProcessKubelet(
+        api,
+        args.run_dir,
+        args.sd_dir,
+        PodMonitors(api),
+        images=read_image_map(args.image_map),
+        service_env=kubernetes_service_env(str(api_client.configuration.host)),
+    )
 
     def request_stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)

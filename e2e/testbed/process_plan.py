@@ -18,6 +18,8 @@ from typing import Any, Final, Literal
 
 from kubernetes.utils import quantity
 
+from testbed.images import ImageEntry, build_image_command
+
 # The client's parse_quantity is untyped; this is its documented signature.
 parse_quantity: Callable[[object], Decimal] = quantity.parse_quantity
 
@@ -504,16 +506,21 @@ def service_link_env(pod: Pod, services: Iterable[Mapping[str, Any]]) -> dict[st
     return env
 
 
-def build_command_line(container: Container, env: Mapping[str, str]) -> list[str]:
-    """command + args with `$(VAR)` expanded; a container without command cannot run here."""
+def build_command_line(
+    container: Container, env: Mapping[str, str], image: ImageEntry | None = None
+) -> list[str]:
+    """command + args with `$(VAR)` expanded, the image's ENTRYPOINT and CMD standing in for
+    what the container leaves out (`images.build_image_command`). A container without command
+    whose image the image map does not know cannot run here."""
     command = list(container.get("command") or [])
-    if not command:
-        raise ContainerConfigError(
-            f"container {container['name']!r} has no command: the process kubelet cannot run an "
-            "image's entrypoint"
-        )
     args = list(container.get("args") or [])
-    return [expand_kubelet_vars(part, env) for part in command + args]
+    argv = build_image_command(command, args, image)
+    if not argv:
+        raise ContainerConfigError(
+            f"container {container['name']!r} has no command and the process kubelet's image "
+            f"map has no entry point for its image {container.get('image')!r}"
+        )
+    return [expand_kubelet_vars(part, env) for part in argv]
 
 
 # --- Prometheus file service discovery ---------------------------------------------------

@@ -1,0 +1,149 @@
+"""Start one container process of the process kubelet with its volumes where the pod says.
+
+    python -I container_init.py MOUNTS.json -- PROGRAM [ARG...]
+
+Runs before the container's program, in the child the process kubelet started: it enters a
+mount namespace of its own, bind-mounts each prepared volume folder at the container's
+`mountPath` (read-only where the mount says so), and then becomes the program (exec), so the
+program sees `/etc/specdeploy/config.yaml` or `/var/run/secrets/kubernetes.io/serviceaccount/
+token` at the paths it would see in a container, while the rest of the file system is the
+host's. Nothing is mounted on the host: the namespace ends with the process.
+
+A mount point that does not exist on the host (`/etc/specdeploy`) is made inside an overlay of
+its deepest existing parent (`/etc`), whose changes land in the pod's folder, never on the host.
+
+Needs CAP_SYS_ADMIN (root); without it, a user namespace of its own is entered first (kernels
+that allow unprivileged user namespaces). Standard library only: it runs with `-I`, before the
+program's own environment matters.
+
+MOUNTS.json: {"mounts": [{"source": folder or file, "target": path, "readOnly": bool}],
+"scratch": a folder for the overlays' upper and work folders}.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+from pathlib import Path
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+MS_RDONLY = 0x1
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+]
+_libc.unshare.argtypes = [ctypes.c_int]
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    _check(
+        _libc.mount(
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        ),
+        f"mount {source} on {target}",
+    )
+
+
+def enter_mount_namespace() -> bool:
+    """A mount namespace of our own, whose mounts never propagate back to the host; True when
+    a user namespace had to be entered for it."""
+    in_user_namespace = False
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        in_user_namespace = True
+        uid, gid = os.getuid(), os.getgid()
+        _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare (user and mount namespace)")
+        Path("/proc/self/setgroups").write_text("deny")
+        Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+        Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    return in_user_namespace
+
+
+def _existing_parent(path: Path) -> Path:
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    return parent
+
+
+def make_mount_point(
+    target: Path, is_file: bool, scratch: Path, overlaid: set[Path], user_xattr: bool
+) -> None:
+    """Create `target` inside an overlay of its deepest existing parent (mounted once)."""
+    anchor = _existing_parent(target).resolve()
+    if anchor == Path("/"):
+        raise OSError(f"cannot make {target}: its only existing parent is /")
+    if anchor not in overlaid:
+        layer = scratch / str(len(overlaid))
+        (layer / "upper").mkdir(parents=True, exist_ok=True)
+        (layer / "work").mkdir(parents=True, exist_ok=True)
+        options = f"lowerdir={anchor},upperdir={layer / 'upper'},workdir={layer / 'work'}"
+        if user_xattr:  # trusted.* extended attributes are root's only
+            options += ",userxattr"
+        _mount("overlay", str(anchor), "overlay", 0, options)
+        overlaid.add(anchor)
+    if is_file:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
+    else:
+        target.mkdir(parents=True, exist_ok=True)
+
+
+def mount_volumes(spec: dict[str, object], user_xattr: bool = False) -> None:
+    mounts = list(spec.get("mounts") or [])  # type: ignore[call-overload]
+    scratch = Path(str(spec["scratch"]))
+    overlaid: set[Path] = set()
+    # Parents before children, as kubelet orders them.
+    for mount in sorted(mounts, key=lambda m: len(Path(m["target"]).parts)):
+        source, target = Path(mount["source"]), Path(mount["target"])
+        if not target.exists():
+            make_mount_point(target, source.is_file(), scratch, overlaid, user_xattr)
+        _mount(str(source), str(target), None, MS_BIND | MS_REC)
+        if mount.get("readOnly"):
+            _mount(None, str(target), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4 or argv[2] != "--":
+        print("usage: container_init.py MOUNTS.json -- PROGRAM [ARG...]", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[1]).read_text())
+    try:
+        mount_volumes(spec, user_xattr=enter_mount_namespace())
+    except OSError as error:
+        # The container could not be set up: like a runtime's create failure, exit 128.
+        print(f"container_init: {error}", file=sys.stderr)
+        return 128
+    program = argv[3:]
+    try:
+        os.execvp(program[0], program)
+    except OSError as error:
+        print(f"container_init: exec {program[0]}: {error}", file=sys.stderr)
+        return 127
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
