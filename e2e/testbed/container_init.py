@@ -16,20 +16,30 @@ Needs CAP_SYS_ADMIN (root); without it, a user namespace of its own is entered f
 that allow unprivileged user namespaces). Standard library only: it runs with `-I`, before the
 program's own environment matters.
 
+With `"network": true` it also enters a network namespace of its own, brings its loopback up
+and waits for the file `ready` to appear (the process kubelet makes it once it has set up the
+namespace's forwarding, `pod_network.py`) before it becomes the program.
+
 MOUNTS.json: {"mounts": [{"source": folder or file, "target": path, "readOnly": bool}],
-"scratch": a folder for the overlays' upper and work folders}.
+"scratch": a folder for the overlays' upper and work folders, "network": bool, "ready": path}.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
+import socket
+import struct
 import sys
+import time
 from pathlib import Path
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+NETWORK_READY_TIMEOUT_S = 30.0
 MS_RDONLY = 0x1
 MS_REMOUNT = 0x20
 MS_BIND = 0x1000
@@ -125,6 +135,21 @@ def mount_volumes(spec: dict[str, object], user_xattr: bool = False) -> None:
             _mount(None, str(target), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC)
 
 
+def enter_network_namespace(ready: Path) -> None:
+    """A network namespace with only a loopback, up; returns once the kubelet joined it."""
+    _check(_libc.unshare(CLONE_NEWNET), "unshare (network namespace)")
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14s", b"lo", 0, b"\0" * 14)
+        flags = struct.unpack("16sH14s", fcntl.ioctl(sock, siocgifflags, request))[1]
+        fcntl.ioctl(sock, siocsifflags, struct.pack("16sH14s", b"lo", flags | iff_up, b"\0" * 14))
+    deadline = time.monotonic() + NETWORK_READY_TIMEOUT_S
+    while not ready.exists():
+        if time.monotonic() > deadline:
+            raise OSError(f"the network was not set up within {NETWORK_READY_TIMEOUT_S:.0f}s")
+        time.sleep(0.02)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         print("usage: container_init.py MOUNTS.json -- PROGRAM [ARG...]", file=sys.stderr)
@@ -132,6 +157,8 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[1]).read_text())
     try:
         mount_volumes(spec, user_xattr=enter_mount_namespace())
+        if spec.get("network"):
+            enter_network_namespace(Path(spec["ready"]))
     except OSError as error:
         # The container could not be set up: like a runtime's create failure, exit 128.
         print(f"container_init: {error}", file=sys.stderr)

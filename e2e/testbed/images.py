@@ -32,6 +32,9 @@ class ImageEntry:
     env: Mapping[str, str] = field(default_factory=dict)
     #: Where the entry is defined (a Dockerfile), for logs and docs.
     source: str = ""
+    #: A network namespace of its own (`pod_network`): its ports are fixed, not
+    #: SPECDEPLOY_PORT, so two pods of it on one host would collide in the host's.
+    own_network: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -39,6 +42,7 @@ class ImageEntry:
             "cmd": list(self.cmd),
             "env": dict(self.env),
             "source": self.source,
+            "ownNetwork": self.own_network,
         }
 
     @classmethod
@@ -48,6 +52,7 @@ class ImageEntry:
             cmd=tuple(data.get("cmd") or ()),
             env=dict(data.get("env") or {}),
             source=str(data.get("source") or ""),
+            own_network=bool(data.get("ownNetwork")),
         )
 
 
@@ -104,7 +109,7 @@ def _logical_lines(dockerfile: str) -> list[str]:
 
 
 def image_entry_from_dockerfile(
-    dockerfile: str, find_program: Mapping[str, str], source: str = ""
+    dockerfile: str, find_program: Mapping[str, str], source: str = "", own_network: bool = False
 ) -> ImageEntry:
     """The entry of an image built from `dockerfile`: its last exec-form ENTRYPOINT and CMD
     (a shell form is refused: it would need the image's shell), its ENV `key=value` pairs
@@ -138,4 +143,4 @@ def image_entry_from_dockerfile(
         if program not in find_program:
             raise ValueError(f"{source}: no local stand-in for the entry point {program!r}")
         entrypoint[0] = find_program[program]
-    return ImageEntry(tuple(entrypoint), tuple(cmd), env, source)
+    return ImageEntry(tuple(entrypoint), tuple(cmd), env, source, own_network)

@@ -45,6 +45,13 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch import watch as kube_watch
 
 from testbed.images import ImageEntry, read_image_map
+from testbed.pod_network import (
+    Networking,
+    PodNetwork,
+    Route,
+    socket_in_namespace,
+    unconnected_socket,
+)
 from testbed.pod_volumes import IssuedToken, PlannedMount, PodVolumes, container_mounts
 from testbed.process_children import (
     Child,
@@ -53,6 +60,7 @@ from testbed.process_children import (
     has_exited,
     reap_child,
     session_memory_bytes,
+    signal_group,
     spawn_child,
     stop_children,
 )
@@ -345,6 +353,11 @@ class KubePodApi:
                     raise
         return services
 
+    def list_all_services(self) -> list[dict[str, Any]]:
+        """Every Service of every namespace (the Services of pods with a network of their own)."""
+        body = self._json(self.core.list_service_for_all_namespaces(_preload_content=False))
+        return list(body.get("items") or [])
+
     def request_token(self, pod: Pod, audience: str | None, seconds: int) -> IssuedToken:
         """A token of the pod's ServiceAccount bound to the pod (TokenRequest), as kubelet
         asks for a projected serviceAccountToken."""
@@ -556,6 +569,10 @@ class ContainerRun:
     pull_failures: int = 0
     pull_failed_at: float = 0.0
     mounts: list[PlannedMount] = field(default_factory=list)
+    #: Its network namespace's forwarding, for a container with a network of its own.
+    net: PodNetwork | None = None
+    #: containerPort → host port on 127.0.0.1, for a container with a network of its own.
+    host_ports: dict[int, int] = field(default_factory=dict)
 
 
 class PodWorker(threading.Thread):
@@ -578,6 +595,7 @@ class PodWorker(threading.Thread):
         cpus: CpuAllocator | None = None,
         images: Mapping[str, ImageEntry] | None = None,
         service_env: Mapping[str, str] | None = None,
+        networking: Networking | None = None,
     ) -> None:
         super().__init__(name=f"pod {pod_key(pod)}", daemon=True)
         self.api = api
@@ -588,6 +606,7 @@ class PodWorker(threading.Thread):
         self.cpus = cpus or CpuAllocator(())
         self.images = images or {}
         self.service_env = dict(service_env or {})
+        self.networking = networking
         self.folder = pods_dir / pod_folder_name(pod)
         self.volumes = PodVolumes(self.folder)
         self._pod = pod
@@ -713,6 +732,8 @@ class PodWorker(threading.Thread):
         if run.child is not None and self._over_memory_limit(run):
             return
         if run.child is not None:
+            if run.net is not None and self.networking is not None:
+                self.networking.reach_services(run.net)
             self._probe(run)
         if run.child is not None and self._startup_failed(run):
             log.info(
@@ -740,6 +761,30 @@ class PodWorker(threading.Thread):
         if startup is None or run.record.started:
             return False
         return startup_probe_failed(startup.spec, time.monotonic() - run.child.started_monotonic)
+
+    def backends(self, selector: Mapping[str, str], target_port: int | str) -> list[Route]:
+        """Where a Service with `selector` sends a connection for `target_port` in this pod:
+        none unless the pod is Ready and in the selector."""
+        pod = self.pod
+        labels = pod["metadata"].get("labels") or {}
+        if not selector or any(labels.get(k) != v for k, v in selector.items()):
+            return []
+        if not all(run.record.ready for run in self._runs):
+            return []
+        routes = []
+        for run in self._runs:
+            child = run.child
+            if child is None:
+                continue
+            for index, port in enumerate(run.spec.get("ports") or []):
+                number = int(port["containerPort"])
+                if target_port not in (number, port.get("name")):
+                    continue
+                if run.net is not None:
+                    routes.append(Route(_socket_maker(child.pid), (LOCAL_HOST, number)))
+                elif index == 0:  # only a container's first port has a local stand-in
+                    routes.append(Route(unconnected_socket, (LOCAL_HOST, run.port)))
+        return routes
 
     def _start(self, run: ContainerRun) -> None:
         pod = self.pod
@@ -795,10 +840,11 @@ class PodWorker(threading.Thread):
         run.readiness = self._tracker(run.spec, "readinessProbe")
         run.startup = self._tracker(run.spec, "startupProbe")
         started_at = utc_now()
+        own_network = bool(image and image.own_network and self.networking is not None)
         cpu = self.cpus.take()
         try:
             run.child = spawn_child(
-                self._in_mount_namespace(run, argv),
+                self._in_mount_namespace(run, argv, own_network),
                 record_argv=argv,
                 env=run.env,
                 cwd=self.folder,
@@ -815,6 +861,12 @@ class PodWorker(threading.Thread):
             )
             self._record_exit(run, 128, start_error=str(error))
             return
+        if own_network:
+            try:
+                self._join_network(run)
+            except OSError as error:
+                log.warning("%s/%s: network not set up: %s", pod_key(pod), name, error)
+                signal_group(run.child.pid, signal.SIGKILL)
         log.info(
             "%s/%s started as pid %d on CPU %s: %s", pod_key(pod), name, run.child.pid, cpu, argv
         )
@@ -826,28 +878,67 @@ class PodWorker(threading.Thread):
             has_startup_probe=run.startup is not None,
         )
 
-    def _in_mount_namespace(self, run: ContainerRun, argv: list[str]) -> list[str]:
+    def _in_mount_namespace(
+        self, run: ContainerRun, argv: list[str], own_network: bool = False
+    ) -> list[str]:
         """argv, started through container_init so that the container's volumes are at its
-        mount paths (unchanged for a container without mounts)."""
-        if not run.mounts:
+        mount paths and, with `own_network`, in a network namespace of its own (unchanged for
+        a container with neither)."""
+        if not run.mounts and not own_network:
             return argv
         name = run.spec["name"]
         scratch = self.folder / "overlays" / name
         shutil.rmtree(scratch, ignore_errors=True)
+        mounts = [
+            {
+                "source": str(self.volumes.path(mount.volume)),
+                "target": mount.target,
+                "readOnly": mount.read_only,
+            }
+            for mount in run.mounts
+        ]
+        ready = self.folder / f"{name}.network-ready"
+        ready.unlink(missing_ok=True)
+        if own_network and self.networking is not None:
+            hosts = self.networking.hosts_file
+            mounts.append({"source": str(hosts), "target": "/etc/hosts", "readOnly": True})
         spec = {
-            "mounts": [
-                {
-                    "source": str(self.volumes.path(mount.volume)),
-                    "target": mount.target,
-                    "readOnly": mount.read_only,
-                }
-                for mount in run.mounts
-            ],
+            "mounts": mounts,
             "scratch": str(scratch),
+            "network": own_network,
+            "ready": str(ready),
         }
         spec_path = self.folder / f"{name}.mounts.json"
         spec_path.write_text(json.dumps(spec, indent=2) + "\n")
         return [sys.executable, "-I", str(CONTAINER_INIT), str(spec_path), "--", *argv]
+
+    def _join_network(self, run: ContainerRun) -> None:
+        """Once the container's process is in its own network namespace: its ports on the
+        host, the host's API server and Prometheus in it, the Services; then let it go on."""
+        assert run.child is not None
+        assert self.networking is not None
+        pid = run.child.pid
+        own = os.stat("/proc/self/ns/net").st_ino
+        deadline = time.monotonic() + 20
+        while os.stat(f"/proc/{pid}/ns/net").st_ino == own:
+            if time.monotonic() > deadline or has_exited(run.child):
+                raise OSError("the container did not enter a network namespace of its own")
+            time.sleep(0.02)
+        net = PodNetwork(self.networking.forwarder, pid, f"{pod_key(self.pod)}/{run.spec['name']}")
+        run.host_ports = {}
+        for port in run.spec.get("ports") or []:
+            number = int(port["containerPort"])
+            run.host_ports[number] = net.expose(number)
+        for host_port in self.networking.host_ports:
+            net.reach_host(host_port)
+        self.networking.reach_services(net)
+        run.net = net
+        if run.host_ports:
+            first = int((run.spec.get("ports") or [])[0]["containerPort"])
+            run.port = run.host_ports[first]
+        ports = {other.spec["name"]: other.port for other in self._runs}
+        (self.folder / LOCAL_PORTS_FILE).write_text(json.dumps(ports, sort_keys=True) + "\n")
+        (self.folder / f"{run.spec['name']}.network-ready").touch()
 
     def _refresh_tokens(self) -> None:
         """Renew the tokens of projected volumes once 80 % of their life has passed."""
@@ -900,6 +991,9 @@ class PodWorker(threading.Thread):
         pod = self.pod
         name = run.spec["name"]
         ran_for = 0.0
+        if run.net is not None:
+            run.net.close()
+            run.net = None
         if run.child is not None:
             ran_for = time.monotonic() - run.child.started_monotonic
             log.info("%s/%s (pid %d) exited with %d", pod_key(pod), name, run.child.pid, exit_code)
@@ -1067,6 +1161,11 @@ class PodWorker(threading.Thread):
             log.info("%s: preStop %s done", name, hook.kind)
 
 
+def _socket_maker(pid: int) -> Callable[[], socket.socket]:
+    """Makes unconnected sockets inside the network namespace of process `pid`."""
+    return lambda: socket_in_namespace(pid, unconnected_socket)
+
+
 def kubernetes_service_env(api_server: str) -> dict[str, str]:
     """The variables kubelet gives every container for the `kubernetes` Service, which
     in-cluster clients read (`load_incluster_config`). There is no Service network here: they
@@ -1121,10 +1220,14 @@ class ProcessKubelet:
         *,
         images: Mapping[str, ImageEntry] | None = None,
         service_env: Mapping[str, str] | None = None,
+        networking: Networking | None = None,
     ) -> None:
         self.api = api
         self.images = dict(images or {})
         self.service_env = dict(service_env or {})
+        self.networking = networking
+        if networking is not None:
+            networking.find_backends = self.backends
         self.monitors = monitors or PodMonitors()
         self.pods_dir = run_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
@@ -1162,9 +1265,20 @@ class ProcessKubelet:
                     cpus=self.cpus,
                     images=self.images,
                     service_env=self.service_env,
+                    networking=self.networking,
                 )
                 self.workers[uid] = worker
                 worker.start()
+
+    def backends(self, namespace: str, selector: Mapping[str, str], port: int | str) -> list[Route]:
+        """Every ready pod's route for a Service of `namespace` with `selector`."""
+        with self._lock:
+            workers = [
+                worker
+                for worker in self.workers.values()
+                if worker.pod["metadata"]["namespace"] == namespace
+            ]
+        return [route for worker in workers for route in worker.backends(selector, port)]
 
     def resync(self, pods: list[Pod]) -> None:
         """After a (re)list: forget workers whose pods are gone, observe the rest."""
@@ -1225,6 +1339,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--image-map", type=Path, help="JSON {image: entry point} (testbed.images)", default=None
     )
+    parser.add_argument(
+        "--reach-host-port",
+        type=int,
+        action="append",
+        default=[],
+        help="a host port on 127.0.0.1 that pods with a network of their own reach (repeat)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s: %(message)s"
@@ -1241,6 +1362,8 @@ def main(argv: list[str] | None = None) -> int:
 
     api_client = new_client_from_config(config_file=str(args.kubeconfig))
     api = KubePodApi(api_client)
+    api_port = urllib.parse.urlsplit(str(api_client.configuration.host)).port or 443
+    networking = Networking(args.run_dir / "hosts", (api_port, *args.reach_host_port))
     kubelet = ProcessKubelet(
         api,
         args.run_dir,
@@ -1248,6 +1371,7 @@ def main(argv: list[str] | None = None) -> int:
         PodMonitors(api),
         images=read_image_map(args.image_map),
         service_env=kubernetes_service_env(str(api_client.configuration.host)),
+        networking=networking,
     )
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -1265,6 +1389,13 @@ def main(argv: list[str] | None = None) -> int:
         daemon=True,
     )
     monitor_watcher.start()
+    service_watcher = threading.Thread(
+        target=networking.watch_services,
+        args=(api.list_all_services, kubelet.stopping),
+        name="Service list",
+        daemon=True,
+    )
+    service_watcher.start()
     log.info("process kubelet up (pid %d), run dir %s", os.getpid(), args.run_dir)
     while not kubelet.stopping.wait(3600):
         pass
