@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs Debian packages the project needs, when missing: those named as arguments, else the
-# test bed's (prometheus). A no-op when they are there. hack/build-images.sh asks for podman,
+# test bed's (prometheus; busybox and wget, which stand in for the image of the chart's `helm test`
+# pod). A no-op when they are there. hack/build-images.sh asks for podman,
 # runc and mmdebstrap.
 #
 # The test bed runs Prometheus itself, as a plain process with its own configuration on a free
@@ -12,7 +13,7 @@ set -euo pipefail
 
 PACKAGES=("$@")
 if [[ ${#PACKAGES[@]} -eq 0 ]]; then
-  PACKAGES=(prometheus)
+  PACKAGES=(prometheus busybox wget)
 fi
 
 missing=()

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from testbed import processes
+from testbed.images import ImageEntry, image_entry_from_dockerfile, write_image_map
 from testbed.kubectl import Kubectl, KubectlError
 from testbed.pki import CertPair, ClusterPki, create_cluster_pki, write_kubeconfig
 
@@ -40,6 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO_ROOT / "e2e" / "manifests"
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-testbed-tools.sh"
 PROCESS_KUBELET = REPO_ROOT / "e2e" / "testbed" / "process_kubelet.py"
+OPERATOR_DOCKERFILE = "images/operator/Dockerfile"
 
 LOCAL_PROCESS_ANNOTATION = "specdeploy.dev/local-process"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -580,6 +582,8 @@ class Cluster:
             return
         folder = self.folder / "process-kubelet"
         folder.mkdir(exist_ok=True)
+        image_map = folder / "images.json"
+        write_image_map(image_map, testbed_images(folder))
         argv = [
             sys.executable,
             "-m",
@@ -587,6 +591,8 @@ class Cluster:
             f"--kubeconfig={self.kubeconfig}",
             f"--run-dir={folder}",
             f"--sd-dir={self.folder / 'prometheus-sd'}",
+            f"--image-map={image_map}",
+            f"--reach-host-port={self.ports.prometheus}",
         ]
         pythonpath = os.pathsep.join(
             [str(REPO_ROOT / "e2e"), str(REPO_ROOT / "operator"), os.environ.get("PYTHONPATH", "")]
@@ -603,6 +609,48 @@ class Cluster:
                 "PATH": f"{self.bin}:{os.environ.get('PATH', '')}",
             },
         )
+
+
+def chart_app_version() -> str:
+    """The chart's appVersion: the operator image tag its Deployment names by default."""
+    chart = yaml.safe_load((REPO_ROOT / "charts" / "specdeploy" / "Chart.yaml").read_text())
+    return str(chart["appVersion"])
+
+
+def testbed_images(folder: Path) -> dict[str, ImageEntry]:
+    """The images the process kubelet runs without a command:
+
+    - the operator image the chart names (`specdeploy/operator:<appVersion>`): its Dockerfile's
+      ENTRYPOINT and CMD, the entry point being this virtualenv's `specdeploy` (the project's
+      own, installed editable);
+    - `busybox:1.37`, the chart's `helm test` pod: Debian's busybox, its applets on PATH, but
+      for `wget`, which is GNU wget: Debian's busybox 1.35 `wget -T` (the test's timeout)
+      dies of SIGSEGV on these machines.
+
+    Both get a network namespace of their own (testbed.pod_network).
+    """
+    venv_bin = Path(sys.executable).parent
+    operator = image_entry_from_dockerfile(
+        (REPO_ROOT / OPERATOR_DOCKERFILE).read_text(),
+        {"specdeploy": str(venv_bin / "specdeploy")},
+        source=OPERATOR_DOCKERFILE,
+        own_network=True,
+    )
+    images = {f"specdeploy/operator:{chart_app_version()}": operator}
+    busybox = shutil.which("busybox")
+    if busybox is not None:
+        applets = folder / "images" / "busybox" / "bin"
+        applets.mkdir(parents=True, exist_ok=True)
+        listed = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True)
+        gnu_wget = shutil.which("wget")
+        for applet in listed.stdout.split():
+            link = applets / applet
+            if not link.is_symlink():
+                link.symlink_to(gnu_wget if applet == "wget" and gnu_wget else busybox)
+        images["busybox:1.37"] = ImageEntry(
+            cmd=("sh",), env={"PATH": str(applets)}, source="Debian's busybox", own_network=True
+        )
+    return images
 
 
 def wait_for_condition(

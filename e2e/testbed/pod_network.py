@@ -15,7 +15,9 @@ TCP forwarding, nothing else (no interfaces, no addresses outside the loopback r
 - Services: each Service with a selector has an address in 127.0.0.0/8 (from its ClusterIP:
   10.96.3.7 → 127.96.3.7) inside every such pod, with its name in the pod's /etc/hosts
   (`<svc>.<ns>.svc[.cluster.local]`), listening on the Service's ports and forwarding each
-  connection to a ready pod it selects, at the target port.
+  connection to a ready pod it selects, at the target port. A Service port that the pod itself
+  declares is left out in that pod: the pod listens on it on every address, and Linux refuses
+  a second listener on the same port (kube-proxy's rules have no such limit).
 
 Sockets inside a pod's namespace are made by a short-lived thread that enters the namespace
 (setns) and leaves it: a socket belongs to the namespace it was made in, whatever thread uses it.
@@ -151,8 +153,11 @@ class Forwarder:
         self._thread = threading.Thread(target=self.loop.run_forever, name="forwarder", daemon=True)
         self._thread.start()
 
-    def listen(self, sock: socket.socket, route: Callable[[], Route | None], what: str) -> None:
-        """Forward every connection accepted on `sock` to where `route()` says (none: closed)."""
+    def listen(
+        self, sock: socket.socket, route: Callable[[], Route | None], what: str
+    ) -> asyncio.AbstractServer:
+        """Forward every connection accepted on `sock` to where `route()` says (none: closed);
+        returns the server, which `close_all` stops."""
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
@@ -173,17 +178,13 @@ class Forwarder:
         async def start() -> asyncio.AbstractServer:
             return await asyncio.start_server(serve, sock=sock)
 
-        asyncio.run_coroutine_threadsafe(start(), self.loop).result(timeout=10)
+        return asyncio.run_coroutine_threadsafe(start(), self.loop).result(timeout=10)
 
-    def close_all(self, socks: list[socket.socket]) -> None:
-        """Stop listening on these sockets (connections in flight end with their peers)."""
-        for sock in socks:
-            self.loop.call_soon_threadsafe(_close_quietly, sock)
-
-
-def _close_quietly(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.close()
+    def close_all(self, servers: list[asyncio.AbstractServer]) -> None:
+        """Stop these servers listening (connections in flight end with their peers). Through
+        the server, never the socket alone: the loop's selector still watches its descriptor."""
+        for server in servers:
+            self.loop.call_soon_threadsafe(server.close)
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -205,11 +206,16 @@ def free_host_port() -> int:
 class PodNetwork:
     """The forwarding of one running container with a network namespace of its own."""
 
-    def __init__(self, forwarder: Forwarder, pid: int, what: str) -> None:
+    def __init__(
+        self, forwarder: Forwarder, pid: int, what: str, own_ports: frozenset[int] = frozenset()
+    ) -> None:
         self.forwarder = forwarder
         self.pid = pid
         self.what = what
-        self._sockets: list[socket.socket] = []
+        #: The ports the pod's containers declare: the pod binds them on every address, so a
+        #: Service on one of them is not listened on in this pod (Linux refuses both).
+        self.own_ports = own_ports
+        self._servers: list[asyncio.AbstractServer] = []
         self._services: set[tuple[str, int]] = set()
 
     def expose(self, container_port: int) -> int:
@@ -221,30 +227,29 @@ class PodNetwork:
         def route() -> Route:
             return Route(lambda: socket_in_namespace(pid, _unconnected), (LOOPBACK, container_port))
 
-        self.forwarder.listen(sock, route, f"{self.what}:{container_port}")
-        self._sockets.append(sock)
+        self._servers.append(self.forwarder.listen(sock, route, f"{self.what}:{container_port}"))
         return host_port
 
     def reach_host(self, port: int) -> None:
         """The host's 127.0.0.1:`port` at the same address inside the pod."""
         sock = socket_in_namespace(self.pid, lambda: _listener(LOOPBACK, port))
-        self.forwarder.listen(
-            sock, lambda: Route(_unconnected, (LOOPBACK, port)), f"{self.what}->host:{port}"
+        self._servers.append(
+            self.forwarder.listen(
+                sock, lambda: Route(_unconnected, (LOOPBACK, port)), f"{self.what}->host:{port}"
+            )
         )
-        self._sockets.append(sock)
 
     def reach_service(self, address: str, port: int, route: Callable[[], Route | None]) -> None:
         """A Service's address and port inside the pod, routed by `route` per connection."""
-        if (address, port) in self._services:
+        if (address, port) in self._services or port in self.own_ports:
             return
         sock = socket_in_namespace(self.pid, lambda: _listener(address, port))
-        self.forwarder.listen(sock, route, f"{self.what}->{address}:{port}")
-        self._sockets.append(sock)
+        self._servers.append(self.forwarder.listen(sock, route, f"{self.what}->{address}:{port}"))
         self._services.add((address, port))
 
     def close(self) -> None:
-        self.forwarder.close_all(self._sockets)
-        self._sockets = []
+        self.forwarder.close_all(self._servers)
+        self._servers = []
 
 
 def unconnected_socket() -> socket.socket:

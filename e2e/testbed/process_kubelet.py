@@ -924,7 +924,14 @@ class PodWorker(threading.Thread):
             if time.monotonic() > deadline or has_exited(run.child):
                 raise OSError("the container did not enter a network namespace of its own")
             time.sleep(0.02)
-        net = PodNetwork(self.networking.forwarder, pid, f"{pod_key(self.pod)}/{run.spec['name']}")
+        declared = frozenset(
+            int(port["containerPort"])
+            for other in self._runs
+            for port in other.spec.get("ports") or []
+        )
+        net = PodNetwork(
+            self.networking.forwarder, pid, f"{pod_key(self.pod)}/{run.spec['name']}", declared
+        )
         run.host_ports = {}
         for port in run.spec.get("ports") or []:
             number = int(port["containerPort"])

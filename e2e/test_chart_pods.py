@@ -1,0 +1,197 @@
+"""The chart's operator as the chart's own pods on the test bed: two replicas of its unmodified
+Deployment, run by the process kubelet from the operator image's entry point (the image map),
+with the chart's ConfigMap at /etc/specdeploy, the projected ServiceAccount token at
+/var/run/secrets/kubernetes.io/serviceaccount and KUBERNETES_SERVICE_HOST/PORT, so the operator
+configures itself in-cluster as in a real cluster. Only the pods' annotations are set, so that
+the process kubelet (not KWOK) runs them.
+
+One release is walked through its life: install, two pods Running and one holding the Lease, an
+SD served, `helm test`, the leader's process killed and the standby taking over and finishing a
+rollout, `helm upgrade` with a changed value rolling the operator's pods while the SD's pods
+stay, and `helm uninstall` leaving the SD serving.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chart_harness import CHART, Helm, install, set_values
+from engine_cluster import apply_crds, condition, get_sd, kwok_operator_config
+from sd_bodies import llama_8b
+from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+
+pytestmark = pytest.mark.e2e
+
+LOCAL_PROCESS = {"specdeploy.dev/local-process": "true"}
+LEASE = "specdeploy-operator"
+NAME_LABEL = "specdeploy.dev/name"
+
+
+@pytest.fixture(scope="module")
+def helm(cluster: ClusterEnv) -> Helm:
+    return Helm(Path(cluster.bin_dir) / "helm", Path(cluster.kubeconfig))
+
+
+@pytest.fixture
+def release(helm: Helm, namespace: str) -> Iterator[str]:
+    name = f"sd-{uuid.uuid4().hex[:6]}"
+    try:
+        yield name
+    finally:
+        helm.run("uninstall", name, "-n", namespace, "--wait", check=False)
+
+
+def operator_pods(kubectl: Kubectl, namespace: str, release: str) -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
+    pods: list[dict[str, Any]] = kubectl.get_json("pods", "-n", namespace, "-l", selector)["items"]
+    return [pod for pod in pods if not pod["metadata"].get("deletionTimestamp")]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def two_ready_pods(kubectl: Kubectl, namespace: str, release: str) -> list[str] | None:
+    pods = operator_pods(kubectl, namespace, release)
+    names = sorted(p["metadata"]["name"] for p in pods if ready(p))
+    return names if len(names) == 2 and len(pods) == 2 else None
+
+
+def lease_holder(kubectl: Kubectl, namespace: str) -> str | None:
+    found = kubectl.run("get", "lease", LEASE, "-n", namespace, "-o", "json", check=False)
+    if found.returncode != 0:
+        return None
+    import json  # noqa: PLC0415
+
+    holder: str | None = (json.loads(found.stdout).get("spec") or {}).get("holderIdentity")
+    return holder
+
+
+def serving_revision(kubectl: Kubectl, namespace: str, name: str) -> str | None:
+    sd = get_sd(kubectl, namespace, name)
+    status = sd.get("status") or {}
+    if condition(sd, "Ready").get("status") != "True" or status.get("phase") != "Serving":
+        return None
+    if condition(sd, "Ready").get("observedGeneration") != sd["metadata"]["generation"]:
+        return None
+    revision: str | None = status.get("stableRevision")
+    return revision
+
+
+def engine_pod_uids(kubectl: Kubectl, namespace: str, name: str) -> set[str]:
+    pods = kubectl.get_json("pods", "-n", namespace, "-l", f"{NAME_LABEL}={name}")["items"]
+    return {p["metadata"]["uid"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+
+
+def container_pid(pod: dict[str, Any]) -> int:
+    """The pid of the operator container's process (containerID `process://<pid>`)."""
+    (status,) = pod["status"]["containerStatuses"]
+    return int(status["containerID"].removeprefix("process://"))
+
+
+def describe(kubectl: Kubectl, namespace: str, cluster: ClusterEnv) -> str:
+    """What to look at when the release does not come up: its pods and their logs."""
+    pods = kubectl.run("get", "pods,lease", "-n", namespace, "-o", "wide", check=False).stdout
+    logs = []
+    folder = Path(cluster.run_dir) / "process-kubelet" / "pods"
+    for log in sorted(folder.glob(f"{namespace}_*/*.log")):
+        logs.append(f"--- {log.parent.name}/{log.name}\n{log.read_text(errors='replace')[-3000:]}")
+    return pods + "\n".join(logs)
+
+
+@pytest.mark.usefixtures("sd_crd")
+def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgrade_and_uninstall(
+    cluster: ClusterEnv, helm: Helm, kubectl: Kubectl, namespace: str, release: str
+) -> None:
+    watched = f"{namespace}-sds"[:63]
+    create_namespace_with_queues(kubectl, watched)
+    config = {
+        **kwok_operator_config(cluster.prometheus_url),
+        "namespaces": [watched],
+    }
+    values = {
+        "config": config,
+        "podAnnotations": LOCAL_PROCESS,
+        "test": {"podAnnotations": LOCAL_PROCESS},
+    }
+    try:
+        apply_crds(kubectl)
+        install(helm, release, namespace, *set_values(values))
+        try:
+            first, second = eventually(
+                lambda: two_ready_pods(kubectl, namespace, release),
+                120,
+                "two operator pods Running and Ready",
+            )
+            leader = eventually(lambda: lease_holder(kubectl, namespace), 60, "a Lease holder")
+        except (AssertionError, TimeoutError):
+            print(describe(kubectl, namespace, cluster))
+            raise
+        assert leader in (first, second)
+        standby = second if leader == first else first
+
+        # The leader serves an SD, with the chart's token and config only.
+        kubectl.apply([llama_8b("chat", watched)])
+        revision = eventually(
+            lambda: serving_revision(kubectl, watched, "chat"), 120, "the SD Ready and Serving"
+        )
+        tested = helm.run("test", release, "-n", namespace, timeout=180)
+        assert "Phase:          Succeeded" in tested.stdout, tested.stdout
+
+        # The leader's process killed: no clean release of the Lease; the standby takes it
+        # once it has not been renewed for leaseDurationSeconds, and reconciles from then on.
+        (leader_pod,) = [
+            p for p in operator_pods(kubectl, namespace, release) if p["metadata"]["name"] == leader
+        ]
+        os.kill(container_pid(leader_pod), signal.SIGKILL)
+        eventually(
+            lambda: lease_holder(kubectl, namespace) == standby, 90, f"{standby} holding the Lease"
+        )
+        kubectl.apply([llama_8b("chat", watched, draft_revision="eagle3-r2")])
+        new_revision = eventually(
+            lambda: (r := serving_revision(kubectl, watched, "chat")) != revision and r,
+            120,
+            "the new revision rolled out by the new leader",
+        )
+        assert lease_holder(kubectl, namespace) == standby
+        serving_pods = engine_pod_uids(kubectl, watched, "chat")
+        assert serving_pods
+
+        # helm upgrade with a changed value: new operator pods, the SD's pods untouched.
+        before = {p["metadata"]["uid"] for p in operator_pods(kubectl, namespace, release)}
+        helm.run(
+            "upgrade",
+            release,
+            str(CHART),
+            "-n",
+            namespace,
+            *set_values({**values, "logReconciles": True}),
+        )
+
+        def rolled() -> list[str] | None:
+            names = two_ready_pods(kubectl, namespace, release)
+            uids = {p["metadata"]["uid"] for p in operator_pods(kubectl, namespace, release)}
+            return names if names and not (uids & before) else None
+
+        eventually(rolled, 180, "two new operator pods Ready after the upgrade")
+        assert engine_pod_uids(kubectl, watched, "chat") == serving_pods
+        assert serving_revision(kubectl, watched, "chat") == new_revision
+
+        # helm uninstall: the operator goes, the CRD (keep policy), the SD and its pods stay.
+        helm.run("uninstall", release, "-n", namespace, "--wait")
+        eventually(
+            lambda: not operator_pods(kubectl, namespace, release), 60, "the operator pods gone"
+        )
+        assert kubectl.run("get", "crd", "speculativedeployments.specdeploy.dev").returncode == 0
+        assert serving_revision(kubectl, watched, "chat") == new_revision
+        assert engine_pod_uids(kubectl, watched, "chat") == serving_pods
+    finally:
+        kubectl.run("delete", "namespace", watched, "--wait=false", check=False)
