@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from testbed.images import ImageEntry
+from testbed.pod_network import Networking
 from testbed.pod_volumes import IssuedToken
 from testbed.process_children import CpuAllocator, PidLedger, read_identity, spawn_child
 from testbed.process_kubelet import (
@@ -791,3 +792,112 @@ def test_an_image_the_map_does_not_know_cannot_run_without_a_command(tmp_path: P
     finally:
         kubelet.stop()
     assert "no entry point for its image 'specdeploy/engine:1'" in message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_pods_with_a_network_of_their_own_listen_on_one_port_side_by_side_and_reach_a_service(
+    tmp_path: Path,
+) -> None:
+    """Two replicas of an image that listens on a fixed port (as the operator does on 8080)
+    both run and get Ready; a third pod reaches them through a Service's name, and reaches a
+    host port it was given (as the API server's)."""
+    api = FakePodApi()
+    host_server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert host_server.stdout is not None
+        host_port = int(host_server.stdout.readline().split(" port ")[1].split(" ")[0])
+        networking = Networking(tmp_path / "hosts", (host_port,))
+        web = ImageEntry(
+            entrypoint=(sys.executable, "-m", "http.server", "18080", "--bind", "0.0.0.0"),
+            own_network=True,
+        )
+        out = tmp_path / "client.out"
+        fetch = textwrap.dedent(
+            f"""
+            import sys, time, urllib.request
+            answers = []
+            for url in sys.argv[1:]:
+                for _ in range(100):
+                    try:
+                        answers.append(str(urllib.request.urlopen(url, timeout=2).status))
+                        break
+                    except OSError:
+                        time.sleep(0.1)
+                else:
+                    answers.append("unreachable")
+            open({str(out)!r}, "w").write(" ".join(answers))
+            """
+        )
+        client = ImageEntry(entrypoint=(sys.executable, "-c", fetch), own_network=True)
+        kubelet = ProcessKubelet(
+            api,
+            tmp_path / "run",
+            tmp_path / "sd",
+            images={"example/web:1": web, "example/client:1": client},
+            networking=networking,
+        )
+        networking.observe_services(
+            [
+                {
+                    "metadata": {"name": "web", "namespace": "team-a"},
+                    "spec": {
+                        "clusterIP": "10.96.3.7",
+                        "selector": {"app": "web"},
+                        "ports": [{"port": 80, "targetPort": "http"}],
+                    },
+                }
+            ]
+        )
+        probe = {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}
+        replicas = []
+        for name in ("web-0", "web-1"):
+            pod = local_pod(
+                name,
+                {
+                    "name": "web",
+                    "image": "example/web:1",
+                    "ports": [{"name": "http", "containerPort": 18080}],
+                    "readinessProbe": probe,
+                },
+            )
+            pod["metadata"]["labels"]["app"] = "web"
+            replicas.append(api.add(pod))
+        kubelet.resync(replicas)
+        for name in ("web-0", "web-1"):
+
+            def ready(name: str = name) -> bool:
+                return condition(api.status_of(name), "Ready") == "True"
+
+            wait_for(ready)
+        ports = {
+            read_local_ports(tmp_path / "run", pod)["web"]  # type: ignore[index]
+            for pod in replicas
+        }
+        assert len(ports) == 2, "the replicas share a host port"
+        for port in ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as answer:
+                assert answer.status == 200
+        caller = api.add(
+            local_pod(
+                "client-0",
+                {
+                    "name": "client",
+                    "image": "example/client:1",
+                    "args": ["http://web.team-a.svc/", f"http://127.0.0.1:{host_port}/"],
+                },
+                restartPolicy="Never",
+            )
+        )
+        kubelet.observe("ADDED", caller)
+        wait_for(lambda: api.status_of("client-0").get("phase") == "Succeeded", 30)
+        kubelet.stop()
+    finally:
+        host_server.kill()
+        host_server.wait()
+    assert out.read_text() == "200 200"
+    assert "127.96.3.7\tweb.team-a.svc.cluster.local" in (tmp_path / "hosts").read_text()
