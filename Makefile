@@ -180,7 +180,7 @@ bench: venv tools system-deps engine-venv ## Every benchmark (not in CI), then t
 # machine the engine's install and the Debian packages beside them. e2e runs alone after them:
 # its real engines are pinned one to a core, and anything beside them slows their steps.
 test: ## Everything: lint, unit, the chart and end-to-end
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit chart-lint system-deps engine-venv prometheus-operator-crd
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit chart-lint system-deps engine-venv prometheus-operator-crd operator-image
 	$(MAKE) --no-print-directory e2e
 
 .PHONY: clean
