@@ -12,8 +12,8 @@ How a benchmark plugs in:
 1. A module `bench/<name>.py` with `main(argv: list[str] | None = None) -> int`, ending in
    `raise SystemExit(main())` under `if __name__ == "__main__"`. It may use the test bed
    (`bench.bed`, the e2e harness on PYTHONPATH) and the engine harness; anything that starts
-   real engines runs under the engine lock (`flock /work/wt/.engine.lock make bench-<name>`
-   on the shared machine).
+   real engines should not overlap with other runs that start engines (each engine is pinned
+   to a CPU of its own; two sets on one machine measure each other).
 2. It measures paired rounds: each round measures the thing and its baseline back to back
    (alternating which goes first), so a round's ratio is `measured / baseline` under the same
    load. Wrap the rounds in `with record.LoadWatch("<part>") as load:`.
