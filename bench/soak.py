@@ -28,7 +28,14 @@ TESTS = "rolled_back or promoted or collapsed"
 
 
 def run_tests(
-    seed: int, kills: int, spread: float, window: int, results: Path, *, tests: str = TESTS
+    seed: int,
+    kills: int,
+    spread: float,
+    results: Path,
+    *,
+    window: int,
+    interval: int,
+    tests: str = TESTS,
 ) -> tuple[int, float]:
     env = {
         **os.environ,
@@ -38,7 +45,8 @@ def run_tests(
         "SPECDEPLOY_FAULT_SPREAD": str(spread),
         "SPECDEPLOY_FAULT_RESULTS": str(results),
         "SPECDEPLOY_CANARY_WINDOW_SECONDS": str(window),
-        "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "e2e")]),
+        "SPECDEPLOY_CANARY_INTERVAL_SECONDS": str(interval),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "e2e"), str(REPO)]),
     }
     command = [sys.executable, "-m", "pytest", "-m", "e2e", "-p", "no:cacheprovider", "-q"]
     command += ["-rA", str(REPO / "e2e" / "test_canary_engine.py"), "-k", tests]
@@ -65,20 +73,38 @@ def summary(report: dict[str, Any]) -> str:
         f"`make soak` on {report['date']}: seed {report['seed']}, {report['kills']} kills in "
         f"{len(report['runs'])} rollouts, {report['minutes']} min, pytest exit "
         f"{report['pytest_exit']} ({'passed' if report['passed'] else 'FAILED'}); analysis window "
-        f"{report['analysis_window_seconds']} s.",
+        f"{report['analysis_window_seconds']} s, interval "
+        f"{report.get('analysis_interval_seconds')} s; kill moments drawn inside the analysis' "
+        "expected length.",
         "",
-        "| rollout | outcome | kills | phases at the kills | verdict intervals | samples "
-        "| samples with no Ready pod |",
-        "|---|---|---|---|---|---|---|",
+        "| rollout | outcome | kills | landed: before / during the analysis / after its outcome "
+        "| phases at the kills | verdict intervals | samples | samples with no Ready pod "
+        "| samples unknown (API not answering) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in report["runs"]:
-        phases = ", ".join(str(k["phase"]) for k in run.get("kills", []))
+        kills = run.get("kills", [])
+        phases = ", ".join(str(k["phase"]) for k in kills)
         intervals = run.get("intervals")
-        lines.append(
-            f"| {run['test']} | {run['outcome']} | {len(run.get('kills', []))} | {phases} "
-            f"| {intervals if intervals is not None else 'n/a'} | {run.get('samples')} "
-            f"| {run.get('samples_without_a_serving_revision')} |"
+        landed = " / ".join(
+            str(sum(k.get("landed") == where for k in kills))
+            for where in ("before the analysis", "during the analysis", "after the outcome")
         )
+        lines.append(
+            f"| {run['test']} | {run['outcome']} | {len(kills)} | {landed} | {phases} "
+            f"| {intervals if intervals is not None else 'n/a'} | {run.get('samples')} "
+            f"| {run.get('samples_without_a_serving_revision')} | {run.get('samples_unknown')} |"
+        )
+    total = {
+        where: sum(k.get("landed") == where for run in report["runs"] for k in run.get("kills", []))
+        for where in ("before the analysis", "during the analysis", "after the outcome")
+    }
+    lines += [
+        "",
+        "Where the kills landed, all rollouts: "
+        + ", ".join(f"{count} {where}" for where, count in total.items())
+        + ".",
+    ]
     failed = [run["test"] for run in report["runs"] if run["outcome"] == "failed"]
     lines += [
         "",
@@ -103,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", default=TESTS, help="pytest -k expression (default: all three)")
     parser.add_argument("--name", default="soak", help="results: bench/results/<name>.json/.md")
     parser.add_argument(
+        "--interval",
+        type=int,
+        default=30,
+        help="analysis interval in seconds (CI's 10 s leaves no room for seven kills)",
+    )
+    parser.add_argument(
         "--window",
         type=int,
         default=60,
@@ -114,7 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         results = Path(folder) / "runs.jsonl"
         code, seconds = run_tests(
-            seed, args.kills, args.spread, args.window, results, tests=args.tests
+            seed,
+            args.kills,
+            args.spread,
+            results,
+            window=args.window,
+            interval=args.interval,
+            tests=args.tests,
         )
         lines = results.read_text().splitlines() if results.exists() else []
     runs = merge_runs([json.loads(line) for line in lines])
@@ -125,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "kills_per_rollout": args.kills,
         "spread_seconds": args.spread,
         "analysis_window_seconds": args.window,
+        "analysis_interval_seconds": args.interval,
         "kills": kills,
         "minutes": round(seconds / 60, 1),
         "pytest_exit": code,

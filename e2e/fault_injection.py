@@ -26,7 +26,7 @@ from typing import Any, Self
 
 from background import Background
 from engine_cluster import REVISION_LABEL, OperatorProcess, revision_pods
-from testbed import Kubectl
+from testbed import Kubectl, eventually
 
 #: The test each seed was drawn for (fault_seed), to name a run's kills in the results.
 NAMES: dict[int, str] = {}
@@ -139,11 +139,33 @@ class ServingSampler(Background):
         assert not self.gaps(), ("no revision served at", self.gaps(), self.samples)
 
 
+#: Where a kill landed, from the SD's status just before it.
+BEFORE, DURING, AFTER = "before the analysis", "during the analysis", "after the outcome"
+
+
+def where_it_landed(status: Mapping[str, Any], judged: str = "analysis") -> str:
+    """Whether the SD was still being judged, already decided, or not yet judged, by what is
+    `judged`: a canary's `analysis` (under way, then Promote or Rollback) or the `collapse`
+    guard (counting below its floor, then fired)."""
+    if judged == "collapse":
+        collapse = status.get("collapse") or {}
+        if collapse.get("triggered"):
+            return AFTER
+        return DURING if collapse.get("belowSince") else BEFORE
+    analysis = status.get("analysis") or {}
+    if analysis.get("outcome") in ("Promote", "Rollback"):
+        return AFTER
+    return DURING if analysis.get("startedAt") and status.get("canaryRevision") else BEFORE
+
+
 @dataclass
 class KillPoint:
-    """One SIGKILL: seconds after the killer started, and the SD as the new process found it."""
+    """One SIGKILL: seconds after the killer started, where it landed (from the SD just before
+    the kill), and the SD as the new process found it."""
 
     at: float
+    landed: str
+    interval_before: int | None
     phase: str | None
     analysis_interval: int | None
     analysis_outcome: str | None
@@ -154,9 +176,16 @@ class KillPoint:
 class OperatorKiller(Background):
     """SIGKILLs the operator `count` times at seeded random moments and restarts it each time.
 
-    Each kill comes a random 1 to `spread` seconds after the previous process started (so
-    kills land in start-up, between reconciles and mid-write alike); the new process starts
-    at once. `finish` waits for the planned kills and for the last process to reconcile again.
+    With `window` (seconds: how long the analysis is expected to take from the moment the
+    killer starts) the kill moments are drawn uniformly inside it, so they land while the
+    rollout is being judged; a kill never comes before the previous new process reconciled, so
+    on a slow machine the later ones can land after the outcome, and `landed()` says how many
+    landed where. Without it each kill comes a random 1 to `spread` seconds after the previous
+    process started. The new process starts at once.
+
+    `finish` waits for the planned kills and then proves the last process alive: it makes a
+    harmless change of spec (the revision history limit, one up) and waits for the status to
+    observe that generation, a write only a live, reconciling operator makes.
     """
 
     operator: OperatorProcess
@@ -165,6 +194,9 @@ class OperatorKiller(Background):
     name: str
     seed: int
     count: int
+    window: float | None = None
+    #: What the kills are meant to land in: a canary's "analysis" or the "collapse" guard.
+    judged: str = "analysis"
     spread: float = field(default_factory=kill_spread)
     kills: list[KillPoint] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -174,6 +206,11 @@ class OperatorKiller(Background):
     def __enter__(self) -> Self:
         self._rng = random.Random(self.seed)
         self._began = time.monotonic()
+        self._plan = (
+            sorted(self._rng.uniform(1.0, max(1.0, self.window)) for _ in range(self.count))
+            if self.window is not None
+            else []
+        )
         return super().__enter__()
 
     def __exit__(self, *_: object) -> None:
@@ -186,15 +223,55 @@ class OperatorKiller(Background):
     def points(self) -> list[dict[str, Any]]:
         return [asdict(k) for k in self.kills]
 
+    def landed(self) -> dict[str, int]:
+        """How many kills landed before the analysis, during it and after its outcome."""
+        return {
+            where: sum(k.landed == where for k in self.kills) for where in (BEFORE, DURING, AFTER)
+        }
+
     def finish(self, timeout: float = 600) -> None:
-        """Waits until every planned kill happened and the last new process reconciled."""
+        """Waits until every planned kill happened, each followed by a reconcile of the new
+        process, then proves the last process alive (a generation it alone can observe)."""
         self.thread.join(timeout=timeout)
+        assert not self.thread.is_alive(), ("the killer did not finish", self.kills)
         assert len(self.kills) == self.count, (self.kills, self.errors)
+        assert not self.errors, self.errors
+        print(f"operator kills: {self.landed()}")
+        self.prove_alive()
+
+    def prove_alive(self, timeout: float = 120) -> None:
+        """A spec change that starts no pods; the status observing its generation is written by
+        the running operator (a dead one, or one that never reconciles, leaves it behind)."""
+        sd = self.kubectl.get_json("sd", self.name, "-n", self.namespace)
+        limit = int(sd["spec"].get("revisionHistoryLimit", 5))
+        patch = {"spec": {"revisionHistoryLimit": limit + 1 if limit < 50 else limit - 1}}
+        self.kubectl.run(
+            "patch", "sd", self.name, "-n", self.namespace, "--type=merge", "-p", json.dumps(patch)
+        )
+        generation = self.kubectl.get_json("sd", self.name, "-n", self.namespace)["metadata"][
+            "generation"
+        ]
+        eventually(
+            lambda: self._status().get("observedGeneration", 0) >= generation,
+            timeout,
+            f"the operator's last process to observe generation {generation}",
+        )
+
+    def _next_kill_at(self, index: int) -> float:
+        """Seconds to wait before kill `index`."""
+        if self._plan:
+            return max(0.0, self._began + self._plan[index] - time.monotonic())
+        return self._rng.uniform(1.0, self.spread)
 
     def run_loop(self, stop: threading.Event) -> None:
-        for _ in range(self.count):
-            if stop.wait(self._rng.uniform(1.0, self.spread)):
+        for index in range(self.count):
+            if stop.wait(self._next_kill_at(index)):
                 return
+            try:
+                before = self._status()
+            except Exception as error:  # where it landed is then unknown
+                self.errors.append(f"reading the SD before kill {index + 1}: {error}")
+                before = {}
             at = round(time.monotonic() - self._began, 1)
             offset = len(self.operator.log_text())
             self.operator.kill()
@@ -211,6 +288,8 @@ class OperatorKiller(Background):
             self.kills.append(
                 KillPoint(
                     at=at,
+                    landed=where_it_landed(before, self.judged) if before else "unknown",
+                    interval_before=(before.get("analysis") or {}).get("lastInterval"),
                     phase=status.get("phase"),
                     analysis_interval=analysis.get("lastInterval"),
                     analysis_outcome=analysis.get("outcome"),
@@ -243,6 +322,7 @@ def record_run(test: str, seed: int, outcome: str, **facts: Any) -> None:
     line: dict[str, Any] = {"test": test, "seed": seed, "outcome": outcome, **facts}
     if isinstance(kills, OperatorKiller):
         line["kills"] = kills.points()
+        line["kills_landed"] = kills.landed()
     if isinstance(sampler, ServingSampler):
         line["samples"] = len(sampler.samples)
         line["samples_without_a_serving_revision"] = len(sampler.gaps())
