@@ -6,12 +6,22 @@ cluster instead (kind with KWOK and Kueue, see docs/testbed.md); the test bed is
 
 With ``SPECDEPLOY_E2E_REQUIRED=1`` (``make e2e`` sets it) a skipped test counts as a failure and a
 run that collected no e2e test fails.
+
+Real engines started outside the cluster come from one pool for the whole session
+(``engine_pool``: see ``engine_harness.EnginePool``), keyed by pair, so every module and test
+asking for the same pair shares one running engine. The tests that use it run before the
+modules whose engines are the operator's pods (marker ``engine``), the engines their module
+names with the marker ``engines(...)`` start in the background as the session begins (while
+the cluster-only tests ahead of them run), and the pool stops its engines after its last user,
+before the operator's engines need the memory.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,10 +37,20 @@ from engine_cluster import (
     kwok_operator_config,
     operator_running,
 )
+from engine_harness import (
+    EnginePool,
+    build_tiny_models,
+    engine_python,
+    engine_python_path,
+    pool_summary,
+    tiny_models,
+)
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, down, eventually, up
 from testbed.prometheus_operator import served_pod_monitor_crd
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+__all__ = ["engine_python", "tiny_models"]  # session fixtures of engine_harness, for every module
 
 REQUIRED = os.environ.get("SPECDEPLOY_E2E_REQUIRED") == "1"
 _E2E_ITEMS = pytest.StashKey[int]()
@@ -43,8 +63,114 @@ def _required_failure(reason: str) -> str:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "engines(*names): the engine pool's engines a module needs first"
+    )
+    config.addinivalue_line("markers", "serial: disturbs the whole test bed; runs alone")
+
+
+def uses_pool(item: pytest.Item) -> bool:
+    return "engine_pool" in getattr(item, "fixturenames", ())
+
+
+#: Tests that disturb the whole test bed (control-plane faults, a hung Prometheus, a drained
+#: node, cluster-wide CRDs installed and removed, helm releases of the CRD): under
+#: `make e2e` (testbed.lanes) they run alone, after the cluster-only and the real-engine tests
+#: have run side by side.
+SERIAL_MODULES = frozenset(
+    {"test_faults.py", "test_chart.py", "test_chart_pods.py", "test_render_vs_operator.py"}
+)
+SERIAL_TESTS = frozenset(
+    {
+        "test_draining_the_mig_node_under_a_serving_sd_makes_no_new_revision",
+        "test_the_analysis_holds_while_prometheus_is_down_survives_a_killed_operator_then_promotes",
+        "test_with_the_pod_monitor_crd_prometheus_scrapes_the_pair_through_the_operators_podmonitor",
+        "test_a_pod_monitor_of_the_real_crd_decides_where_and_how_the_pod_is_scraped",
+    }
+)
+
+
+def is_serial(item: pytest.Item) -> bool:
+    name = getattr(item, "originalname", item.name)
+    module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    crd = "pod_monitor_crd" in getattr(item, "fixturenames", ())
+    return module in SERIAL_MODULES or name in SERIAL_TESTS or crd
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks the tests that must run alone (`serial`), before `-m` selects; then moves the
+    engine pool's tests just ahead of the first test of the operator's engines (marker
+    `engine`), keeping their order: their engines then warm up while the cluster-only tests
+    before them run, and are stopped before the operator's engines start."""
+    for item in items:
+        if is_serial(item):
+            item.add_marker(pytest.mark.serial)
+    pooled = [item for item in items if uses_pool(item)]
+    if not pooled:
+        return
+    rest = [item for item in items if not uses_pool(item)]
+    first_engine = next(
+        (i for i, item in enumerate(rest) if item.get_closest_marker("engine")), len(rest)
+    )
+    items[:] = rest[:first_engine] + pooled + rest[first_engine:]
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     session.stash[_E2E_ITEMS] = sum(1 for item in session.items if item.get_closest_marker("e2e"))
+    pooled = [item for item in session.items if uses_pool(item)]
+    if pooled and not session.config.option.collectonly:
+        _POOL.last_user = pooled[-1].nodeid
+        names = [n for i in pooled for m in i.iter_markers("engines") for n in m.args]
+        _POOL.warm_up(list(dict.fromkeys(names))[:2])
+
+
+class _SessionPool:
+    """The session's engine pool, made (and its first engines started) in the background."""
+
+    def __init__(self) -> None:
+        self.pool: EnginePool | None = None
+        self.error: BaseException | None = None
+        self.last_user: str | None = None
+        self.thread: threading.Thread | None = None
+
+    def warm_up(self, names: list[str]) -> None:
+        def make() -> None:
+            try:
+                python = engine_python_path()
+                log_dir = Path(tempfile.mkdtemp(prefix="engine-pool-"))
+                self.pool = EnginePool(python, build_tiny_models(python), log_dir)
+                self.pool.prestart(*names)
+            except BaseException as error:  # reported by the fixture, in the test that asks
+                self.error = error
+
+        self.thread = threading.Thread(target=make, name="engine pool warm-up", daemon=True)
+        self.thread.start()
+
+    def get(self) -> EnginePool:
+        if self.thread is None:
+            self.warm_up([])
+        assert self.thread is not None
+        self.thread.join()
+        if self.error is not None:
+            pytest.fail(f"the engine pool could not start: {self.error}")
+        assert self.pool is not None
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            print(f"\n{pool_summary(self.pool)}")
+            self.pool.close()
+        self.pool, self.thread = None, None
+
+
+_POOL = _SessionPool()
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    if item.nodeid == _POOL.last_user:
+        _POOL.close()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -58,6 +184,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _POOL.close()
     if not REQUIRED:
         return
     collected = session.stash.get(_E2E_ITEMS, 0)
@@ -109,6 +236,20 @@ def cluster() -> Iterator[ClusterEnv]:
     finally:
         if started and os.environ.get("SPECDEPLOY_KEEP_CLUSTER") != "1":
             down()
+
+
+@pytest.fixture(scope="session")
+def engine_pool() -> EnginePool:
+    """Real CPU engines on the tiny models, shared by the session and keyed by pair.
+
+    How a test uses it: ask for `engine_pool` (do not import it) and call
+    `engine_pool.get("draft-small")` (`plain`, `draft-good`, `draft-small`, `draft-bad`,
+    `eagle3`), or first `engine_pool.define(name, args_for_port, served_name)` for arguments
+    built elsewhere. The engine returned is ready and may have served other tests: read its
+    counters before and after, never stop it. Mark the module `pytest.mark.engines(...)` with
+    the names it needs first, so they start in the background when the session begins. The
+    pool stops its engines after the last test that asked for it."""
+    return _POOL.get()
 
 
 @pytest.fixture(scope="session")

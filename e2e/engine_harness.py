@@ -1,8 +1,10 @@
 """The real CPU engine for end-to-end tests: its virtualenv, the tiny models, engine processes.
 
-Reusable by any e2e module: import the fixtures (`engine_python`, `tiny_models`, `engine_pool`)
-into the test module, or use the plain functions. Engines listen on 127.0.0.1 on free ports and
-are stopped by PID (and their own process group, which only they are in) when the pool closes.
+Reusable by any e2e module: the session fixtures `engine_python`, `tiny_models` and
+`engine_pool` (e2e/conftest.py: ask for them by name, do not import them), or the plain
+functions. The pool is shared by the whole session, keyed by pair (`EnginePool`). Engines
+listen on 127.0.0.1 on free ports and are stopped by PID (and their own process group, which
+only they are in) when the pool closes.
 Each engine is pinned to a CPU of its own while there are CPUs to go round: vLLM's CPU worker
 busy-polls for a second after every step, so two engines sharing every core starve each other
 (docs/testbed.md has the figures).
@@ -19,11 +21,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -301,20 +302,41 @@ def run_launcher_until_exit(
 
 #: The `vllm serve` arguments of an engine given its port.
 ArgsForPort = Callable[[int], list[str]]
+#: What makes two engines the same: their vLLM arguments with the port left out, and the
+#: served model name.
+PairKey = tuple[tuple[str, ...], str]
+
+#: A stand-in port: arguments built for it, with it then taken out, are an engine's key.
+_KEY_PORT = 1
 
 
 @dataclass
 class EnginePool:
-    """Engines by name, at most `max_running` at once (each tiny engine takes ~3 GiB)."""
+    """Real CPU engines on the tiny models, keyed by pair and shared by every test that asks.
+
+    A test asks by name: `plain`, `draft-good`, `draft-small`, `draft-bad`, `eagle3` (the tiny
+    target with that draft, 3 speculative tokens), or a name given to `define` with the
+    arguments another part builds (e.g. plan/'s). Engines are keyed by their vLLM arguments
+    (less the port) and served name, so two names, tests or modules asking for the same pair
+    get the same running engine. At most `max_running` run at once (each takes about 3 GiB and
+    a CPU of its own); asking for another stops the least recently used. `prestart` starts
+    engines without waiting, so they warm up while other tests run; `get` waits for one.
+    A test must not stop an engine, nor assume it is fresh: counters are cumulative (read
+    them before and after), and another test may have served completions on it.
+    """
 
     python: Path
     models: dict[str, str]
     log_dir: Path
     max_running: int = 2
-    running: dict[str, EngineServer] = field(default_factory=dict)
+    #: Running engines by pair, least recently used first.
+    running: dict[PairKey, EngineServer] = field(default_factory=dict)
+    #: Seconds from start to ready, by engine name (the name that started it).
     startup_seconds: dict[str, float] = field(default_factory=dict)
     #: Engines defined by their own arguments (see `define`): name → (arguments, served name).
     defined: dict[str, tuple[ArgsForPort, str]] = field(default_factory=dict)
+    #: How many times `get` found the engine already running, by name.
+    reused: dict[str, int] = field(default_factory=dict)
 
     def define(self, name: str, args_for_port: ArgsForPort, served_name: str) -> None:
         """Name an engine whose arguments are built elsewhere (e.g. by plan/), for `get`."""
@@ -327,30 +349,49 @@ class EnginePool:
         method = "eagle3" if name.startswith("eagle3") else "draft_model"
         return {"method": method, "model": self.models[name], "num_speculative_tokens": 3}
 
-    def start(self, *names: str) -> None:
-        """Start the named engines together (they warm up in parallel), then wait for all."""
-        wanted = [n for n in names if n not in self.running]
+    def arguments(self, name: str, port: int) -> tuple[list[str], str]:
+        """The named engine's vLLM arguments on `port`, and its served model name."""
+        if name in self.defined:
+            args_for_port, served_name = self.defined[name]
+            return args_for_port(port), served_name
+        return vllm_args(self.models["target"], port, speculative=self.speculative(name)), "tiny"
+
+    def key(self, name: str) -> PairKey:
+        args, served_name = self.arguments(name, _KEY_PORT)
+        return tuple(a for a in args if a != str(_KEY_PORT)), served_name
+
+    def prestart(self, *names: str) -> None:
+        """Starts the named engines that are not running, without waiting for them."""
+        wanted: dict[PairKey, str] = {}
+        for name in names:
+            wanted.setdefault(self.key(name), name)
+        wanted = {key: name for key, name in wanted.items() if key not in self.running}
         while self.running and len(self.running) + len(wanted) > self.max_running:
             oldest = next(iter(self.running))
             self.running.pop(oldest).stop()
-        for name in wanted:
+        for key, name in wanted.items():
             port = free_port()
-            if name in self.defined:
-                args_for_port, served_name = self.defined[name]
-                args = args_for_port(port)
-            else:
-                served_name = "tiny"
-                args = vllm_args(self.models["target"], port, speculative=self.speculative(name))
-            self.running[name] = start_engine(
+            args, served_name = self.arguments(name, port)
+            self.running[key] = start_engine(
                 self.python, name, args, self.log_dir, port=port, served_name=served_name
             )
-        for name in wanted:
-            self.startup_seconds[name] = self.running[name].wait_ready()
+
+    def start(self, *names: str) -> None:
+        """Starts the named engines together (they warm up in parallel), then waits for all."""
+        self.prestart(*names)
+        for name in names:
+            server = self.running[self.key(name)]
+            if server.ready_after_s is None:
+                self.startup_seconds[name] = server.wait_ready()
 
     def get(self, name: str) -> EngineServer:
+        """The named engine, ready; started (and waited for) when it does not run yet."""
+        key = self.key(name)
+        if key in self.running and self.running[key].ready_after_s is not None:
+            self.reused[name] = self.reused.get(name, 0) + 1
         self.start(name)
-        server = self.running.pop(name)
-        self.running[name] = server  # most recently used last
+        server = self.running.pop(key)
+        self.running[key] = server  # most recently used last
         return server
 
     def close(self) -> None:
@@ -380,15 +421,6 @@ def tiny_models(engine_python: Path) -> dict[str, str]:
         pytest.fail(str(err))
 
 
-@pytest.fixture(scope="module")
-def engine_pool(
-    engine_python: Path, tiny_models: dict[str, str], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EnginePool]:
-    """Engines on the tiny target, started on demand; all stopped when the module ends."""
-    pool = EnginePool(engine_python, tiny_models, tmp_path_factory.mktemp("engines"))
-    try:
-        yield pool
-    finally:
-        pool.close()
-        if pool.startup_seconds:
-            print(f"\nengine start-up seconds: {json.dumps(pool.startup_seconds)}", file=sys.stderr)
+def pool_summary(pool: EnginePool) -> str:
+    """Start-up seconds and reuses of a pool's engines, for the session's end."""
+    return f"engine start-up seconds: {json.dumps(pool.startup_seconds)}; reused: {pool.reused}"

@@ -23,7 +23,6 @@ from engine_harness import (
     GENERATED_TOKENS,
     EnginePool,
     EngineServer,
-    engine_pool,
     engine_python,
     run_launcher_until_exit,
     tiny_models,
@@ -33,9 +32,10 @@ from grafana_dashboard import dashboard_metric_names, load_dashboard
 from specdeploy.api.models import SpeculativeDeploymentSpec
 from specdeploy.plan.children.vllm_args import HOST_ARG, PORT_ARG, build_vllm_args
 
-pytestmark = [pytest.mark.e2e, pytest.mark.engine]
+# The engines this module asks for first, started as the session begins (e2e/conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.engines("plain", "draft-good")]
 
-__all__ = ["engine_pool", "engine_python", "tiny_models"]  # fixtures used below
+__all__ = ["engine_python", "tiny_models"]  # fixtures used below (engine_pool: conftest)
 
 PROMPTS = [
     "The quick fox",
