@@ -4,6 +4,8 @@ a baseline measured in the same run, with a 95 % interval and a verdict.
 Modules by concern:
 - `confidence`: paired-round ratios, their bootstrap interval, met / missed / inconclusive (pure);
 - `record`: the machine, the commit and the load during each part, result files;
+- `figures`: the figures of the older parts' result files, judged from their paired rounds;
+- `serving_watch`: which revisions serve, moment by moment, from a watch on the pods (P3);
 - the benchmarks themselves, one module each, run as `python -m bench.<module>` by the Makefile's
   `bench-*` targets; `bench.report` turns bench/results/*.json into bench/results/report.md and
   the table in docs/benchmarks.md.
