@@ -133,7 +133,7 @@ demo: venv tools system-deps engine-venv prometheus-operator-crd ## Local cluste
 	$(PY) hack/demo.py
 
 # Small request counts by default: the machine and its CPU are shared.
-BENCH_ENGINE_ARGS ?= --concurrency 1,4 --repeats 1 --requests-per-level 8 --max-tokens 64
+BENCH_ENGINE_ARGS ?= --concurrency 1,4 --rounds 5 --requests-per-level 8 --max-tokens 64
 BENCH_SCALE_COUNTS ?= 10,100,1000
 # P1: 5 alternating runs of each side (after an untimed warm-up; an engine starts in about
 # 30 s on a quiet 2-core machine). P4: 5 alternating rounds of 8 completions of 128 tokens on

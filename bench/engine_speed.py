@@ -2,10 +2,12 @@
 
     make bench-engine            # or: PYTHONPATH=operator:e2e:. python -m bench.engine_speed
 
-Starts one engine at a time through the launcher (the tiny target alone, then with the good
-draft_model), sends a bounded number of greedy completions at each concurrency, and writes
-output tokens/s and latency to bench/results/engine-cpu.json. A benchmark, not a test: the
-figures depend on the machine and on what else runs on it.
+Starts the tiny target alone through the launcher and keeps it up; beside it, one at a time,
+the target with draft-good, then with draft-small (two engines at once, each pinned to a CPU of
+its own). At each concurrency the two take turns in alternating rounds of the same greedy
+completions; each round's ratio of tokens/s (with the draft over without) is a paired round,
+judged against 1.0 (the draft pays). Writes bench/results/engine-cpu.json. A benchmark, not a
+test: the figures depend on the machine and on what else runs on it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.record import REPO, LoadWatch, machine
+from bench.confidence import Direction, judge
+from bench.record import REPO, LoadWatch, load_bound, machine
 from engine_harness import (
     ACCEPTED_TOKENS,
     DRAFT_TOKENS,
@@ -75,13 +78,41 @@ def run_level(
     }
 
 
+def paired_level(
+    base: EngineServer,
+    spec: EngineServer,
+    *,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    rounds: int,
+) -> dict[str, Any]:
+    """`rounds` alternating rounds of the same completions on the engine without speculation
+    and the one with it (which goes first swaps each round): each round's tokens/s of both."""
+    base_runs: list[dict[str, Any]] = []
+    spec_runs: list[dict[str, Any]] = []
+    for round_ in range(rounds):
+        order = [(base, base_runs), (spec, spec_runs)]
+        for server, runs in order if round_ % 2 == 0 else reversed(order):
+            runs.append(run_level(server, concurrency, requests, max_tokens))
+    return {
+        "concurrency": concurrency,
+        "base": base_runs,
+        "speculation": spec_runs,
+        "ratios": [
+            round(s["output_tokens_per_s"] / b["output_tokens_per_s"], 3)
+            for s, b in zip(spec_runs, base_runs, strict=True)
+        ],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "engine-cpu.json"))
-    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--concurrency", default="1,4")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--requests-per-level", type=int, default=0, help="default: 4x, min 16")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per level; the median counts")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per level")
     parser.add_argument("--num-speculative-tokens", type=int, default=3)
     parser.add_argument(
         "--preload-iomp",
@@ -100,76 +131,87 @@ def main(argv: list[str] | None = None) -> int:
         if not iomp.is_file():
             parser.error(f"{iomp} not found")
         env["LD_PRELOAD"] = str(iomp)
-    modes: dict[str, dict[str, Any] | None] = {
-        "no-speculation": None,
-        "draft-good": {
-            "method": "draft_model",
-            "model": models["draft-good"],
-            "num_speculative_tokens": opts.num_speculative_tokens,
-        },
-        "draft-small": {
-            "method": "draft_model",
-            "model": models["draft-small"],
-            "num_speculative_tokens": opts.num_speculative_tokens,
-        },
-    }
+
+    def start(name: str, speculative: dict[str, Any] | None) -> EngineServer:
+        port = free_port()
+        args = vllm_args(models["target"], port, speculative=speculative)
+        server = start_engine(python, name, args, log_dir, port=port, env=env)
+        server.wait_ready()
+        server.complete(PROMPTS[0], max_tokens=8)  # warm-up
+        return server
+
     results: dict[str, Any] = {}
     loads: dict[str, Any] = {}
-    for mode, spec in modes.items():
-        port = free_port()
-        args = vllm_args(models["target"], port, speculative=spec)
-        server = start_engine(python, mode, args, log_dir, port=port, env=env)
-        try:
-            startup = server.wait_ready()
-            server.complete(PROMPTS[0], max_tokens=8)  # warm-up
-            runs = []
-            with LoadWatch(mode) as load:
-                for level in levels:
-                    requests = opts.requests_per_level or max(16, 4 * level)
-                    repeats = [
-                        run_level(server, level, requests, opts.max_tokens)
-                        for _ in range(opts.repeats)
-                    ]
-                    repeats.sort(key=lambda r: float(r["output_tokens_per_s"]))
-                    median = dict(repeats[len(repeats) // 2])
-                    median["output_tokens_per_s_all"] = [r["output_tokens_per_s"] for r in repeats]
-                    runs.append(median)
-                    print(f"{mode} c={level}: {json.dumps(median)}", file=sys.stderr)
-            results[mode] = {"startup_s": round(startup, 1), "runs": runs}
-            loads[mode] = load.summary()
-        finally:
-            server.stop()
-
-    speedup: dict[str, dict[str, Any]] = {}
-    for mode in ("draft-good", "draft-small"):
-        speedup[mode] = {}
-        for base, spec_run in zip(
-            results["no-speculation"]["runs"], results[mode]["runs"], strict=True
-        ):
-            speedup[mode][str(base["concurrency"])] = {
-                "output_tokens_per_s": round(
-                    spec_run["output_tokens_per_s"] / base["output_tokens_per_s"], 3
-                ),
-                "latency_mean": round(spec_run["latency_mean_s"] / base["latency_mean_s"], 3),
-            }
+    figures = []
+    # The engine without speculation stays up; each draft's engine runs beside it (each on a
+    # CPU of its own), and the two take turns.
+    base = start("no-speculation", None)
+    try:
+        for draft in ("draft-good", "draft-small"):
+            spec = start(
+                draft,
+                {
+                    "method": "draft_model",
+                    "model": models[draft],
+                    "num_speculative_tokens": opts.num_speculative_tokens,
+                },
+            )
+            try:
+                levels_done = []
+                with LoadWatch(draft) as load:
+                    for level in levels:
+                        requests = opts.requests_per_level or max(16, 4 * level)
+                        levels_done.append(
+                            paired_level(
+                                base,
+                                spec,
+                                concurrency=level,
+                                requests=requests,
+                                max_tokens=opts.max_tokens,
+                                rounds=opts.rounds,
+                            )
+                        )
+                        print(f"{draft} c={level}: {levels_done[-1]['ratios']}", file=sys.stderr)
+                results[draft] = {
+                    "startup_s": round(spec.ready_after_s or 0, 1),
+                    "levels": levels_done,
+                }
+                loads[draft] = load.summary()
+                for done in levels_done:
+                    figures.append(
+                        judge(
+                            f"bench-engine {draft} over no speculation, concurrency "
+                            f"{done['concurrency']}, tokens/s",
+                            done["ratios"],
+                            1.0,
+                            Direction.AT_LEAST,
+                            load=load.peak,
+                            load_bound=load_bound(),
+                            context="side by side, alternating rounds",
+                        ).to_json()
+                    )
+            finally:
+                spec.stop()
+    finally:
+        base.stop()
     report = {
         "what": "tiny Llama target (hidden 256, 4 layers) on the vLLM CPU engine, greedy; "
         "draft-good = draft_model with the target's own weights, draft-small = one-layer "
-        "draft_model cut from the target",
+        "draft_model cut from the target; each beside the engine without speculation, "
+        f"{opts.rounds} alternating rounds per concurrency, target 1.0 = the draft pays",
         "engine_args": vllm_args("<target>", 0)[1:],
         "num_speculative_tokens": opts.num_speculative_tokens,
         "max_tokens": opts.max_tokens,
-        "repeats_per_level": opts.repeats,
+        "rounds": opts.rounds,
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1", **env},
         "machine": machine(),
         "results": results,
+        "figures": figures,
         "load": loads,
-        "speedup_with_speculation": speedup,
     }
     out = Path(opts.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(speedup, indent=2))
     print(f"written to {out}", file=sys.stderr)
     return 0
 

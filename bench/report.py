@@ -9,6 +9,7 @@ Reads only what the benchmarks wrote; a missing file is named in the report as n
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -581,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         + passthrough_figures(p4)
         + reaction_figures(p3)
         + autotune_figures(tune)
-        + recorded_figures(others)
+        + recorded_figures({**{k: v for k, v in named.items() if v}, **others})
     )
     rows = scale_rows(scale) + autotune_choice_row(tune)
     header = [
@@ -676,19 +677,24 @@ def engine_table(engine_cpu: dict[str, Any] | None) -> str:
         return "_bench-engine not run_"
     rows = []
     for mode, result in engine_cpu["results"].items():
-        for run in result["runs"]:
+        if "levels" in result:  # paired: the draft's engine beside the one without speculation
+            for level in result["levels"]:
+                base = statistics.median(r["output_tokens_per_s"] for r in level["base"])
+                spec = statistics.median(r["output_tokens_per_s"] for r in level["speculation"])
+                rates = [r.get("acceptance_rate") for r in level["speculation"]]
+                rows.append((mode, level["concurrency"], f"{spec:.1f} vs {base:.1f}",
+                             level["ratios"], rates[-1]))  # fmt: skip
+            continue
+        for run in result["runs"]:  # older results: one engine at a time, not paired
             rows.append(
-                (
-                    mode,
-                    run["concurrency"],
-                    run["output_tokens_per_s"],
-                    run["latency_mean_s"],
-                    run.get("acceptance_rate"),
-                )
-            )
+                (mode, run["concurrency"], run["output_tokens_per_s"], "—",
+                 run.get("acceptance_rate"))
+            )  # fmt: skip
     return table(
-        ["engine", "concurrency", "output tokens/s", "mean latency (s)", "acceptance"], rows
-    )
+        ["engine", "concurrency", "output tokens/s (median: with vs without the draft)",
+         "ratio per round", "acceptance"],
+        rows,
+    )  # fmt: skip
 
 
 def update_doc(summary: str, context: str) -> None:

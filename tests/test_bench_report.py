@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bench.confidence import Verdict
+from bench.engine_speed import paired_level
 from bench.figures import autotune_figures, passthrough_figures, reaction_figures, rollout_figures
 from bench.report import figure_rows, scale_rows, verdicts_section
 from bench.serving_watch import PodEvent, pod_event, reaction_seconds, serving_timeline
@@ -109,3 +110,28 @@ def test_a_pod_event_reads_readiness_and_deletion() -> None:
     deleting = {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "2026-11-26T00:00:00Z"}}
     assert not pod_event(1.0, "MODIFIED", deleting, "rev").serving
     assert pod_event(1.0, "DELETED", pod, "rev").gone
+
+
+class CountingEngine:
+    """A stand-in engine that logs which engine was asked, in order."""
+
+    def __init__(self, name: str, log: list[str], tokens: int) -> None:
+        self.name, self.log, self.tokens = name, log, tokens
+
+    def counters(self) -> dict[str, float]:
+        return {}
+
+    def complete(self, prompt: str, max_tokens: int = 48) -> dict[str, Any]:
+        self.log.append(self.name)
+        return {"usage": {"completion_tokens": self.tokens}}
+
+
+def test_bench_engine_alternates_the_two_engines_round_by_round() -> None:
+    order: list[str] = []
+    base = CountingEngine("base", order, 10)
+    spec = CountingEngine("spec", order, 10)
+    level = paired_level(base, spec, concurrency=1, requests=2, max_tokens=10, rounds=4)  # type: ignore[arg-type]
+    runs = order[::2]  # two completions a run
+    assert runs == ["base", "spec", "spec", "base", "base", "spec", "spec", "base"]
+    assert len(level["ratios"]) == 4
+    assert len(level["base"]) == len(level["speculation"]) == 4
