@@ -49,6 +49,7 @@ from testbed import (
 pytestmark = pytest.mark.e2e
 
 CRD_NAME = "speculativedeployments.specdeploy.dev"
+OLD_FINALIZER = "specdeploy.dev/finalizer"
 NAME_LABEL = "specdeploy.dev/name"
 REVISION_LABEL = "specdeploy.dev/revision"
 # Nothing listens on the discard port: a model outside the catalog fails fast, offline.
@@ -394,11 +395,19 @@ def run_through_every_call(kubectl: Kubectl, namespace: str, operator: OperatorP
     hub = hub_sd(namespace)
     # A Kueue priority class, so that the operator looks it up (it does not exist here).
     hub["spec"]["placement"]["priorityClass"] = "e2e-unlisted"
+    # The finalizer an earlier version of the operator set: kopf takes it off (a patch of the
+    # SD, the only one the operator sends).
+    hub["metadata"]["finalizers"] = [OLD_FINALIZER]
     kubectl.apply([hub])
     eventually(
         lambda: condition(get_sd(kubectl, namespace, "hub"), "Sized").get("status") == "False",
         60,
         "the unlisted model's SD reconciled (no shape: not sized)",
+    )
+    eventually(
+        lambda: not get_sd(kubectl, namespace, "hub")["metadata"].get("finalizers"),
+        60,
+        "an earlier version's finalizer taken off",
     )
 
     # No finalizer holds the SDs: they go at once, and the garbage collector deletes the

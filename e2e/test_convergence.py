@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,7 +37,7 @@ from convergence_scenarios import (
     drift_scenario,
     scenario_sd,
 )
-from engine_cluster import OperatorProcess
+from engine_cluster import WRITE_LINE, OperatorProcess
 from fake_kube import FakeKube, kwok_gpu_nodes
 from specdeploy.adapters.kube import KubeAdapter
 from testbed import ClusterEnv, Kubectl, eventually
@@ -251,3 +253,91 @@ def run_operator_scenario(kubectl: Kubectl, namespace: str, operator: OperatorPr
     print(f"idle minute: {reconciles} reconciles, writes since the restart: {writes}")
     assert reconciles >= 10, "the restarted operator did not keep reconciling"
     assert writes == [], f"the restarted operator wrote: {writes}"
+
+
+# The children an SD's reconcile makes, deleted one at a time while the operator runs: (kubectl
+# resource, the child's name from the serving revision's Deployment name).
+DELETED_CHILDREN = (
+    ("deployment", lambda deployment: deployment),
+    ("service", lambda _: NAME),
+    ("podmonitor", lambda _: NAME),
+)
+API_PATHS = {"deployment": "deployments", "service": "services", "podmonitor": "podmonitors"}
+
+
+def first_reconcile(operator: OperatorProcess, offset: int, namespace: str) -> re.Match[str] | None:
+    """The first `reconciled` line of the scenario's SD after character `offset` of the log."""
+    pattern = rf"reconciled {namespace}/{NAME} \((\d+) API writes"
+    return re.search(pattern, operator.log_text()[offset:])
+
+
+@pytest.mark.usefixtures("sd_crd", "pod_monitor_crd")
+def test_a_deleted_child_is_made_again_from_its_own_deletion_event(
+    cluster: ClusterEnv, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """The serving revision's Deployment, the Service and the PodMonitor, each deleted by hand
+    while the operator runs with a 600 s timer: each is made again from the deletion's own
+    watch event, and the first reconcile after the deletion is the one that makes it (a store
+    that still held the deleted child would have let a reconcile pass it by, writing nothing,
+    until a timer round)."""
+    config = {**CONFIG, "reconcileIntervalSeconds": 600}
+    operator = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
+    operator.start()
+    try:
+        kubectl.apply([scenario_sd(namespace)])
+        revision = eventually(
+            lambda: ready_on(kubectl, namespace, NAME, "nvidia.com/mig-3g.40gb"),
+            120,
+            "Ready on a slice",
+        )
+        deployment = f"{NAME}-{revision}"
+        for resource, child_name in DELETED_CHILDREN:
+            name = child_name(deployment)
+            before = kubectl.get_json(resource, name, "-n", namespace)["metadata"]["uid"]
+            offset = len(operator.log_text())
+            began = time.monotonic()
+            kubectl.run("delete", resource, name, "-n", namespace, "--wait=true")
+
+            def made_again(
+                resource: str = resource, name: str = name, before: str = before
+            ) -> str | None:
+                found = kubectl.run(
+                    "get", resource, name, "-n", namespace, "-o", "json", check=False
+                )
+                if found.returncode != 0:
+                    return None
+                uid: str = json.loads(found.stdout)["metadata"]["uid"]
+                return uid if uid != before else None
+
+            eventually(made_again, 60, f"the {resource} {name} made again")
+            took = time.monotonic() - began
+            first = eventually(
+                functools.partial(first_reconcile, operator, offset, namespace),
+                60,
+                "the reconcile that made it again to end",
+            )
+            log = operator.log_text()[offset:]
+            print(f"{resource} {name}: made again {took:.1f}s after its delete")
+            path = f"/namespaces/{namespace}/{API_PATHS[resource]}/{name}"
+            written = [p for _, p in WRITE_LINE.findall(log[: first.start()])]
+            assert any(p.endswith(path) for p in written), (
+                f"the first reconcile after the delete did not make the {resource} again: "
+                f"{first.group(0)}; writes before it: {written}"
+            )
+            eventually(
+                lambda: ready_on(kubectl, namespace, NAME, "nvidia.com/mig-3g.40gb"),
+                120,
+                "Ready again",
+            )
+        # No new revision and no record made for any of it.
+        assert sd_status(kubectl, namespace, NAME)["stableRevision"] == revision
+        records = kubectl.get_json(
+            "controllerrevisions", "-n", namespace, "-l", f"{NAME_LABEL}={NAME}"
+        )["items"]
+        assert [r["metadata"]["name"] for r in records] == [deployment]
+    finally:
+        kubectl.run(
+            "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
+        )
+        operator.stop()
+        print(f"--- operator log ({operator.log_path}) ---\n{operator.log_tail()}")

@@ -55,19 +55,22 @@ def _fake_kopf(monkeypatch: pytest.MonkeyPatch, runs_for: float | None) -> dict[
     return seen
 
 
+class _Kube:
+    cache = None
+
+    def list_speculative_deployments(self, namespaces: list[str]) -> list[tuple[str, str]]:
+        return []
+
+
 class _Reconciler:
-    """Hands out one SD as due at once; the periodic round sleeps through every test."""
+    """Notes what it reconciles; the periodic round sleeps through every test."""
 
     def __init__(self) -> None:
-        self.due = [("ns", "sd")]
+        self.kube = _Kube()
         self.reconciled: list[tuple[str, str]] = []
 
     def clock(self) -> datetime:
         return datetime.now(UTC)
-
-    def take_due(self, now: datetime) -> list[tuple[str, str]]:
-        due, self.due = self.due, []
-        return due
 
     def reconcile(self, namespace: str, name: str) -> None:
         self.reconciled.append((namespace, name))
@@ -75,11 +78,14 @@ class _Reconciler:
 
 def _run(elector: _Elector | None, reconciler: _Reconciler | None = None) -> int:
     config = OperatorConfig()
+    queues = run.Queues()
+    queues.reconciles.add(("ns", "sd"))
     return asyncio.run(
         asyncio.wait_for(
             run.run_operator(
                 cast(Any, reconciler or _Reconciler()),
                 kopf.OperatorRegistry(),
+                queues,
                 config,
                 [],
                 cast(Any, elector),
@@ -115,7 +121,7 @@ def test_without_leader_election_a_stop_returns_0(monkeypatch: pytest.MonkeyPatc
     assert _run(None) == 0
 
 
-def test_an_sd_whose_verdict_is_due_is_reconciled_while_kopf_runs(
+def test_an_sd_on_the_work_queue_is_reconciled_while_kopf_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _fake_kopf(monkeypatch, runs_for=0.3)

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from datetime import UTC, datetime, timedelta
-from typing import cast
 
 from specdeploy.api.models import AnalysisStatus, CollapseStatus
-from specdeploy.handlers.reconcile import Reconciler
-from specdeploy.handlers.run import reconcile_when_due
 from specdeploy.plan.rollout.wakeup import MARGIN, next_collapse_at, next_verdict_at, next_wake
 from test_canary import BAD, started
 
@@ -54,51 +49,16 @@ def test_the_earliest_future_moment_wins_and_a_past_one_is_dropped() -> None:
     assert next_wake(analysis(0), "10s", below, "10s", START + timedelta(minutes=1)) is None
 
 
-def test_the_reconcile_notes_the_canary_verdict_and_hands_it_out_once() -> None:
+def test_the_reconcile_returns_when_the_canary_verdict_falls_due() -> None:
     world = started()
     world.new_draft("bad")
     world.step()  # the canary's pods are ready: its analysis starts now
     began = world.now
-    assert world.reconciler.take_due(began) == []
-    due = began + timedelta(seconds=10) + MARGIN
-    assert world.reconciler.take_due(due) == [("ns", "chat")]
-    assert world.reconciler.take_due(due) == [], "handed out once"
+    due = world.reconciler.reconcile("ns", "chat")
+    assert due == began + timedelta(seconds=10) + MARGIN
     world.now = due
     world.measured[world.status["canaryRevision"]] = BAD
-    world.reconciler.reconcile("ns", "chat")
+    after = world.reconciler.reconcile("ns", "chat")
     assert world.status["analysis"]["failures"] == 1
-    # The next interval's end is noted by that reconcile.
-    assert world.reconciler.take_due(due + timedelta(seconds=10)) == [("ns", "chat")]
-
-
-class DueOnce:
-    """A reconciler with one SD due at once; notes when it is reconciled."""
-
-    def __init__(self) -> None:
-        self.due = [("ns", "chat")]
-        self.reconciled: list[float] = []
-
-    def clock(self) -> datetime:
-        return datetime.now(UTC)
-
-    def take_due(self, now: datetime) -> list[tuple[str, str]]:
-        found, self.due = self.due, []
-        return found
-
-    def reconcile(self, namespace: str, name: str) -> None:
-        self.reconciled.append(time.monotonic())
-
-
-def test_an_sd_due_is_reconciled_within_a_tick() -> None:
-    reconciler = DueOnce()
-
-    async def main() -> float:
-        began = time.monotonic()
-        task = asyncio.create_task(reconcile_when_due(cast(Reconciler, reconciler), 0.05))
-        await asyncio.sleep(0.5)
-        task.cancel()
-        return began
-
-    began = asyncio.run(main())
-    assert len(reconciler.reconciled) == 1
-    assert reconciler.reconciled[0] - began < 0.3
+    # The next interval's end, returned by that reconcile (handlers.workers schedules it).
+    assert after == due + timedelta(seconds=10)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from specdeploy.adapters import watch_cache as wc
 from specdeploy.adapters.kube import KubeAdapter
@@ -269,7 +271,7 @@ def test_the_adapter_reads_a_kind_once_then_from_memory() -> None:
     assert kube.calls == []
 
 
-def test_a_refresh_keeps_serving_and_a_failed_one_falls_back() -> None:
+def test_a_refresh_keeps_serving_and_a_failed_one_keeps_the_store() -> None:
     cache = wc.WatchCache()
     store = cache.store(wc.NODES)
     store.prime([obj("old", 1, namespace="", owner=None)], [None], 1)
@@ -280,5 +282,74 @@ def test_a_refresh_keeps_serving_and_a_failed_one_falls_back() -> None:
     def broken(scope: str | None) -> tuple[list[dict[str, Any]], int]:
         raise RuntimeError("forbidden")
 
-    cache.refresh(wc.NODES, broken)
-    assert not store.synced
+    with pytest.raises(RuntimeError, match="forbidden"):
+        cache.refresh(wc.NODES, broken)
+    assert store.synced, "the watch still feeds it; the caller tries the LIST again"
+    assert store.keys() == [("", "new")]
+
+
+def test_a_kind_no_longer_served_empties_its_store() -> None:
+    store = wc.KindStore()
+    store.observe(None, obj("a", 3))
+    store.vanish()
+    assert store.keys() == []
+    assert store.synced
+    store.observe("ADDED", obj("a", 1))  # served again later: nothing refused
+    assert store.keys() == [("ns", "a")]
+
+
+def test_the_first_listing_then_a_relist_is_told_apart() -> None:
+    store = wc.KindStore()
+    assert not store.observe(None, obj("a", 3), streamed=False).relisted  # kopf's index
+    assert not store.observe(None, obj("a", 3)).relisted  # the same listing's event
+    assert store.observe(None, obj("a", 3)).relisted  # listed again: a relist
+    assert store.observe(None, obj("b", 9)).relisted  # a new object in a relist
+    assert not store.observe("MODIFIED", obj("a", 4)).relisted
+
+
+@pytest.mark.parametrize(
+    ("change", "asks"),
+    [
+        ({"generation": 2}, True),
+        ({"labels": {"team": "x"}}, True),
+        ({"annotations": {"specdeploy.dev/resume-speculation": "r1"}}, True),
+        ({"deletionTimestamp": "2026-11-26T12:00:00Z"}, True),
+        ({"annotations": {"specdeploy.dev/last-handled-configuration": "{}"}}, False),
+        ({}, False),
+    ],
+)
+def test_an_sd_event_asks_for_a_reconcile_only_when_more_than_its_status_changed(
+    change: dict[str, Any], asks: bool
+) -> None:
+    store = wc.KindStore()
+    before: dict[str, Any] = {
+        "metadata": {"name": "sd", "namespace": "ns", "resourceVersion": "1", "generation": 1},
+        "spec": {"replicas": 1},
+    }
+    store.observe("ADDED", before)
+    after = copy.deepcopy(before)
+    after["metadata"].update(change, resourceVersion="2")
+    after["status"] = {"phase": "Serving"}
+    seen = store.observe("MODIFIED", after)
+    assert seen.news
+    assert wc.changed_beyond_status(seen, after) is asks
+
+
+def test_a_scale_of_ours_is_read_back_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Apps:
+        def __init__(self, _api_client: Any) -> None:
+            pass
+
+        def patch_namespaced_deployment_scale(self, name: str, *_: Any, **__: Any) -> Any:
+            return client.V1Scale(metadata=client.V1ObjectMeta(name=name, resource_version="9"))
+
+    monkeypatch.setattr(client, "AppsV1Api", Apps)
+    kube = ListingKube({"Deployment": [obj("sd-a", 3, extra={"replicas": 1})]})
+    kube.api_client = None  # type: ignore[assignment]
+    selector = f"{labels.NAME}=sd"
+    assert kube.list_deployments("ns", selector)[0]["spec"]["replicas"] == 1
+    kube.scale_deployment("ns", "sd-a", 0)
+    [scaled] = kube.list_deployments("ns", selector)
+    assert scaled["spec"]["replicas"] == 0
+    assert scaled["metadata"]["resourceVersion"] == "9"
+    assert kube.calls == ["LIST Deployment ns"], "read back from the store, not the API"

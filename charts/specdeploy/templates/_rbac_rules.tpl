@@ -2,8 +2,9 @@
 with a dict: `secrets` false leaves out the Secret rule (rbac.secretNamespaces grants it in
 Roles instead). */}}
 {{- define "specdeploy.namespacedRules" -}}
-# The SDs: kopf lists and watches them and patches its finalizer and annotations; the
-# reconcile reads one (get) and merge-patches its status.
+# The SDs: kopf lists and watches them (the operator's store of them) and takes off the
+# finalizer an earlier version set (patch); get before that store is filled; the reconcile
+# merge-patches their status.
 - apiGroups: [specdeploy.dev]
   resources: [speculativedeployments]
   verbs: [get, list, watch, patch]

@@ -167,14 +167,16 @@ class KubeAdapter:
             return fallback()
         return self.cache.read(kind, lambda scope: self._list_kind(kind, scope), reader, fallback)
 
-    def refresh_cache(self) -> None:
-        """Lists every kind whose store is synced afresh, while reads go on from the store
-        (the periodic resync); a kind that cannot be listed any more reads the API server."""
+    def refresh_kind(self, kind: wc.Kind) -> None:
+        """Lists `kind` afresh into its store and removes what the LIST no longer holds, while
+        reads go on from the store (a relist after a watch gap, and the periodic resync). A
+        kind no longer served empties its store; another failure raises and keeps it."""
         if self.cache is None:
             return
-        for kind in wc.KINDS:
-            if self.cache.store(kind).synced:
-                self.cache.refresh(kind, functools.partial(self._list_kind, kind))
+        try:
+            self.cache.refresh(kind, functools.partial(self._list_kind, kind))
+        except ResourceNotFoundError:
+            self.cache.store(kind).vanish()  # not served (any more): none of it exists
 
     def get_speculative_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The SpeculativeDeployment as stored, or None when it is gone."""
@@ -360,9 +362,17 @@ class KubeAdapter:
     def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
         """Sets a Deployment's replicas through its scale subresource."""
         with _refusals("Deployment", name):
-            client.AppsV1Api(self.api_client).patch_namespaced_deployment_scale(
+            scale = client.AppsV1Api(self.api_client).patch_namespaced_deployment_scale(
                 name, namespace, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER
             )
+        store = self.cache.store(wc.DEPLOYMENTS) if self.cache is not None else None
+        held = store.get(namespace, name) if store is not None else None
+        version = getattr(getattr(scale, "metadata", None), "resource_version", None)
+        if store is not None and held is not None and version:
+            # The Scale's resourceVersion is its Deployment's after the write.
+            held.setdefault("spec", {})["replicas"] = replicas
+            held.setdefault("metadata", {})["resourceVersion"] = str(version)
+            store.write_through(held)
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Deletes an object (dependents in the background); gone already is fine."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,11 +69,19 @@ def _key(obj: Mapping[str, Any]) -> Key:
     return (metadata.get("namespace") or "", metadata.get("name") or "")
 
 
-def _version(obj: Mapping[str, Any]) -> int:
-    """The object's resourceVersion as a number; -1 when it has none or is not a number (the
-    API server's versions are numbers in practice, and etcd's revisions grow)."""
+def version_of(obj: Mapping[str, Any]) -> int:
+    """The object's resourceVersion as a number; -1 when it has none or is not a number.
+
+    The API server's resourceVersions are etcd revisions: one counter over every object, so
+    they order every state of every object in time (the API conventions call them opaque,
+    but client-go's informers compare them too: a watch resumes from one)."""
     raw = (obj.get("metadata") or {}).get("resourceVersion") or ""
     return int(raw) if str(raw).isdigit() else -1
+
+
+def _uid(obj: Mapping[str, Any]) -> str | None:
+    found = (obj.get("metadata") or {}).get("uid")
+    return found if isinstance(found, str) and found else None
 
 
 def _owner_label(obj: Mapping[str, Any]) -> str | None:
@@ -80,9 +89,48 @@ def _owner_label(obj: Mapping[str, Any]) -> str | None:
     return found if isinstance(found, str) else None
 
 
+#: How long a deletion is remembered (to refuse older copies of the object that a LIST or a
+#: lagging watch event still carries); far longer than kopf's streams lag behind the server.
+TOMBSTONE_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """A deletion: no copy of the object at `version` or older may come back. `ours` marks a
+    delete we sent, whose own resourceVersion we do not know yet: until the deletion is seen,
+    the deleted incarnation (`uid`) is refused whatever its version."""
+
+    uid: str | None
+    version: int
+    at: float
+    ours: bool = False
+
+    def refuses(self, uid: str | None, version: int) -> bool:
+        if version <= self.version:
+            return True
+        return self.ours and self.uid is not None and uid == self.uid
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one watch event changed in a store: `news` when the store's copy moved (a newer
+    object, or one removed), `relisted` when the stream listed an object it had already
+    delivered (kopf lists afresh after a watch it could not resume, and a LIST shows no
+    deletions), `previous` the copy held before."""
+
+    news: bool
+    relisted: bool = False
+    previous: Obj | None = None
+
+
 class KindStore:
     """The stripped objects of one kind. `labelled` keeps only objects that carry the
     `specdeploy.dev/name` label (the children and pods of SDs); the others keep every object.
+
+    Every change is ordered by resourceVersion: a copy replaces the held one only when it is
+    newer, a deletion removes only copies as old as itself or older and leaves a tombstone that
+    refuses older copies (from a LIST made before it, or a watch event that lags), and a LIST
+    removes what it no longer holds unless the store's copy is newer than the LIST.
     Thread-safe: kopf's event loop writes while reconcile threads read."""
 
     def __init__(
@@ -91,12 +139,19 @@ class KindStore:
         labelled: bool = False,
         keep: frozenset[str] | None = None,
         keep_spec: frozenset[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.labelled = labelled
         self.keep = keep
         self.keep_spec = keep_spec
+        self.clock = clock
         self._objects: dict[Key, Obj] = {}
+        self._versions: dict[Key, int] = {}
         self._by_owner: dict[Key, set[str]] = {}
+        self._tombstones: dict[Key, Tombstone] = {}
+        # Keys filled from the stream's first listing whose own event is still to come: any
+        # other listed object (event type None) is a relist of the stream.
+        self._first_listing: set[Key] = set()
         self._synced = False
         self._lock = threading.Lock()
         self.priming = threading.Lock()
@@ -105,75 +160,160 @@ class KindStore:
     def synced(self) -> bool:
         return self._synced
 
+    def mark_synced(self) -> None:
+        """The store holds the whole kind (its watch stream's first listing went through it)."""
+        self._synced = True
+
     def expire(self) -> None:
         """Marks the store unsynced: the next read goes to the API server and primes it."""
         self._synced = False
 
-    def observe(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
-        """One watch event: DELETED removes, anything else (ADDED, MODIFIED, the initial
-        listing's None) stores the object unless the store holds a newer version of it."""
-        if event_type == "DELETED":
-            with self._lock:
-                self._remove(_key(obj))
-            return
-        self._upsert(obj, newer_only=True)
+    # --- changes ----------------------------------------------------------------------------
+
+    def observe(
+        self, event_type: str | None, obj: Mapping[str, Any], *, streamed: bool = True
+    ) -> Seen:
+        """One watch event: DELETED removes the held copy unless it is newer than the deletion;
+        anything else (ADDED, MODIFIED, a listing's None) stores the object unless the held
+        copy is as new or a deletion refuses it. `streamed=False` fills the store from the
+        stream's first listing ahead of its event (kopf's index handlers); a listed object
+        that came another way (a relist after a watch gap) is `Seen.relisted`."""
+        key = _key(obj)
+        version = version_of(obj)
+        with self._lock:
+            previous = self._objects.get(key)
+            if event_type == "DELETED":
+                self._first_listing.discard(key)
+                self._bury(key, Tombstone(_uid(obj), version, self.clock()))
+                held = self._versions.get(key)
+                if held is None or held > version:
+                    return Seen(news=False, previous=previous)
+                self._remove(key)
+                return Seen(news=True, previous=previous)
+            if not streamed:
+                self._first_listing.add(key)
+                return Seen(news=self._upsert_locked(key, obj, version), previous=previous)
+            relisted = event_type is None and key not in self._first_listing
+            self._first_listing.discard(key)
+            news = self._upsert_locked(key, obj, version)
+            return Seen(news=news, relisted=relisted, previous=previous)
 
     def write_through(self, obj: Mapping[str, Any], *, only_known: bool = False) -> None:
         """The API server's answer to one of our writes, so that a reconcile right after it
         sees it before its watch event comes. `only_known` leaves out objects the store does
         not hold (a status patch must not bring back an SD whose deletion came first)."""
-        if only_known and _key(obj) not in self._objects:
-            return
-        self._upsert(obj, newer_only=True)
+        key = _key(obj)
+        with self._lock:
+            if only_known and key not in self._objects:
+                return
+            self._upsert_locked(key, obj, version_of(obj))
 
     def forget(self, namespace: str, name: str) -> None:
-        """Our own delete: the object is gone (or going) whatever the watch says later."""
+        """Our own delete: the copy we held is gone (or going) whatever a LIST or an event
+        says until its deletion is seen; an object made again under the name (another uid)
+        is taken as usual."""
+        key = (namespace, name)
         with self._lock:
-            self._remove((namespace, name))
+            held = self._objects.get(key)
+            if held is None:
+                return
+            stone = Tombstone(_uid(held), self._versions.get(key, -1), self.clock(), ours=True)
+            self._bury(key, stone)
+            self._remove(key)
 
     def prime(
         self, items: Iterable[Mapping[str, Any]], scopes: Iterable[str | None], version: int
     ) -> None:
-        """Replaces the contents of `scopes` (namespaces; None for all) with the items of
-        LISTs made at resourceVersion `version` (the oldest when several) and marks the store
-        synced. What a watch event brought after that LIST (a newer object, one created
-        since) stays."""
+        """Merges LISTs of `scopes` (namespaces; None for all) made at resourceVersion
+        `version` (the oldest when several) and marks the store synced: a listed object is
+        stored unless the held copy is as new or a deletion refuses it; a held object the LIST
+        does not hold is removed (and refused up to `version`) unless it is newer than the
+        LIST (created since). Tombstones older than TOMBSTONE_SECONDS go."""
         listed = {_key(item): item for item in items}
         wanted = set(scopes)
+        now = self.clock()
         with self._lock:
-            for key, held in list(self._objects.items()):
+            for key in list(self._objects):
                 in_scope = None in wanted or key[0] in wanted
-                if in_scope and key not in listed and _version(held) <= version:
+                if in_scope and key not in listed and self._versions[key] <= version:
+                    # Held at a version the LIST has seen, and not in it: deleted since.
+                    self._bury(key, Tombstone(_uid(self._objects[key]), version, now))
                     self._remove(key)
-        for item in listed.values():
-            self._upsert(item, newer_only=True)
+            for key, stone in list(self._tombstones.items()):
+                in_scope = None in wanted or key[0] in wanted
+                if in_scope and key not in listed and not stone.ours and stone.version < version:
+                    # Still gone at `version`: older copies stay refused up to it.
+                    self._tombstones[key] = Tombstone(stone.uid, version, stone.at)
+            for key, item in listed.items():
+                self._upsert_locked(key, item, version_of(item))
+            for key, stone in list(self._tombstones.items()):
+                if now - stone.at > TOMBSTONE_SECONDS:
+                    del self._tombstones[key]
         self._synced = True
 
-    def _upsert(self, obj: Mapping[str, Any], *, newer_only: bool) -> None:
-        key = _key(obj)
+    def _bury(self, key: Key, stone: Tombstone) -> None:
+        """Records a deletion, merged with the one already recorded (the newer version wins;
+        a delete of ours stays until a deletion of that same incarnation is seen)."""
+        held = self._tombstones.get(key)
+        if held is None:
+            self._tombstones[key] = stone
+            return
+        version = max(held.version, stone.version)
+        other_incarnation = (
+            held.ours and held.uid is not None and stone.uid is not None and stone.uid != held.uid
+        )
+        if stone.ours or other_incarnation:
+            ours = stone if stone.ours else held
+            self._tombstones[key] = Tombstone(ours.uid, version, ours.at, ours=True)
+        else:
+            self._tombstones[key] = Tombstone(stone.uid, version, stone.at)
+
+    def _upsert_locked(self, key: Key, obj: Mapping[str, Any], version: int) -> bool:
+        """Stores `obj` when it is newer than the held copy and no deletion refuses it;
+        returns whether the store changed."""
+        stone = self._tombstones.get(key)
+        if stone is not None and stone.refuses(_uid(obj), version):
+            return False
+        held = self._versions.get(key)
+        if held is not None and held >= version:
+            return False
+        if stone is not None:
+            del self._tombstones[key]
         owner = _owner_label(obj)
         if self.labelled and owner is None:
-            with self._lock:
-                self._remove(key)  # the label was taken off: no SD's child any more
-            return
-        stripped = strip(obj, self.keep, self.keep_spec)
-        with self._lock:
-            held = self._objects.get(key)
-            if held is not None and newer_only and _version(held) > _version(stripped):
-                return
-            self._remove(key)
-            self._objects[key] = stripped
-            if owner is not None:
-                self._by_owner.setdefault((key[0], owner), set()).add(key[1])
+            # The label was taken off: no SD's child any more.
+            return self._remove(key)
+        self._remove(key)
+        self._objects[key] = strip(obj, self.keep, self.keep_spec)
+        self._versions[key] = version
+        if owner is not None:
+            self._by_owner.setdefault((key[0], owner), set()).add(key[1])
+        return True
 
-    def _remove(self, key: Key) -> None:
+    def _remove(self, key: Key) -> bool:
         held = self._objects.pop(key, None)
-        owner = _owner_label(held) if held is not None else None
+        self._versions.pop(key, None)
+        if held is None:
+            return False
+        owner = _owner_label(held)
         if owner is not None:
             names = self._by_owner.get((key[0], owner), set())
             names.discard(key[1])
             if not names:
                 self._by_owner.pop((key[0], owner), None)
+        return True
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def vanish(self) -> None:
+        """The kind is not served (its CRD is gone): nothing of it exists."""
+        with self._lock:
+            self._objects.clear()
+            self._versions.clear()
+            self._by_owner.clear()
+            self._tombstones.clear()
+            self._first_listing.clear()
+        self._synced = True
 
     def get(self, namespace: str, name: str) -> Obj | None:
         """A copy of one object, or None."""
@@ -202,6 +342,15 @@ class KindStore:
     def keys(self) -> list[Key]:
         with self._lock:
             return sorted(self._objects)
+
+    def version(self, namespace: str, name: str) -> int | None:
+        """The resourceVersion of the held copy, or None."""
+        with self._lock:
+            return self._versions.get((namespace, name))
+
+    def tombstones(self) -> dict[Key, Tombstone]:
+        with self._lock:
+            return dict(self._tombstones)
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -326,12 +475,17 @@ class WatchCache:
     """One `KindStore` per cached kind, for an operator that watches `namespaces` (all when
     empty)."""
 
-    def __init__(self, namespaces: Iterable[str] = ()) -> None:
+    def __init__(
+        self, namespaces: Iterable[str] = (), *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.namespaces = list(namespaces)
         self.stores = {
-            kind.name: KindStore(labelled=kind.labelled, keep=kind.keep, keep_spec=kind.keep_spec)
+            kind.name: KindStore(
+                labelled=kind.labelled, keep=kind.keep, keep_spec=kind.keep_spec, clock=clock
+            )
             for kind in KINDS
         }
+        self.listed = False
         self.hits = 0
         self.misses = 0
 
@@ -344,8 +498,19 @@ class WatchCache:
             return list(self.namespaces)
         return [None]
 
-    def observe(self, kind: Kind, event_type: str | None, obj: Mapping[str, Any]) -> None:
-        self.store(kind).observe(event_type, obj)
+    def observe(
+        self, kind: Kind, event_type: str | None, obj: Mapping[str, Any], *, streamed: bool = True
+    ) -> Seen:
+        return self.store(kind).observe(event_type, obj, streamed=streamed)
+
+    def mark_listed(self) -> None:
+        """Every store holds its whole kind: the watch streams' first listings went through
+        them (kopf guarantees it before any other handler runs: see handlers.run). A kind
+        the API server does not serve has no objects, so its empty store is the truth too."""
+        if not self.listed:
+            self.listed = True
+            for store in self.stores.values():
+                store.mark_synced()
 
     def expire(self) -> None:
         """Marks every store unsynced (the periodic resync)."""
@@ -363,14 +528,11 @@ class WatchCache:
         return None
 
     def refresh(self, kind: Kind, lister: Callable[[str | None], tuple[list[Obj], int]]) -> None:
-        """Lists `kind` afresh into its store while it stays synced (reads go on meanwhile);
-        when the LIST fails the store is marked unsynced, so reads fall back to the API."""
+        """Lists `kind` afresh into its store (`KindStore.prime`: what the LIST no longer
+        holds goes) while reads go on from it. A failed LIST raises and leaves the store as it
+        was: the watch keeps feeding it, and the caller tries again."""
         scopes = self.scopes(kind)
-        try:
-            lists = [lister(scope) for scope in scopes]
-        except Exception:
-            self.store(kind).expire()
-            return
+        lists = [lister(scope) for scope in scopes]
         items = [item for found, _ in lists for item in found]
         self.store(kind).prime(items, scopes, min(version for _, version in lists))
 
@@ -399,3 +561,22 @@ class WatchCache:
                     store.prime(items, scopes, min(version for _, version in lists))
         self.hits += 1
         return reader(store)
+
+
+def changed_beyond_status(seen: Seen, obj: Mapping[str, Any]) -> bool:
+    """Whether an SD's event changed more than its status (and resourceVersion): its spec
+    (the generation), labels, annotations or deletion. Our own status writes come back as
+    events that change nothing else."""
+    if seen.previous is None:
+        return True
+    before = seen.previous.get("metadata") or {}
+    after = obj.get("metadata") or {}
+    for field in ("generation", "labels", "deletionTimestamp"):
+        if before.get(field) != after.get(field):
+            return True
+    return _kept_annotations(before) != _kept_annotations(after)
+
+
+def _kept_annotations(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    found = metadata.get("annotations") or {}
+    return {k: v for k, v in found.items() if k not in DROPPED_ANNOTATIONS}

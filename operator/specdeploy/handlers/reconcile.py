@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -52,7 +51,7 @@ MeasureAutotune = Callable[[str, str, str], AutotuneMeasurement]
 
 
 class Reconciler:
-    """Reconciles SpeculativeDeployments; safe to call from several handler threads at once."""
+    """Reconciles SpeculativeDeployments, one SD at a time each (several SDs at once are fine)."""
 
     def __init__(
         self,
@@ -75,55 +74,23 @@ class Reconciler:
         self.metrics = metrics or OperatorMetrics()
         self.catalog = catalog_for_config(config)
         self.shapes = ModelShapes(config.model_config_url)
-        self._locks: dict[tuple[str, str], threading.Lock] = {}
-        self._waiting: dict[tuple[str, str], _Waiting] = {}
-        self._locks_guard = threading.Lock()
-        #: When each SD next has a verdict due (Decision.wake_at); handlers.run reconciles it then.
-        self._wake_at: dict[tuple[str, str], datetime] = {}
 
-    def reconcile(self, namespace: str, name: str) -> None:
-        """Brings one SpeculativeDeployment's children and status in line with its spec.
+    def reconcile(self, namespace: str, name: str) -> datetime | None:
+        """Brings one SpeculativeDeployment's children and status in line with its spec; returns
+        when its next verdict falls due (Decision.wake_at), None when nothing is due.
 
-        One reconcile of an SD runs at a time. A request that finds another one already waiting
-        for it (not yet reading) joins that one instead of queueing a further reconcile: the
-        waiting one reads the world after both requests were made, so it sees whatever caused
-        either. The joiner returns (or raises) what the reconcile it joined did."""
-        key = (namespace, name)
-        with self._locks_guard:
-            waiting = self._waiting.get(key)
-            if waiting is None:
-                waiting = self._waiting[key] = _Waiting()
-                lock = self._locks.setdefault(key, threading.Lock())
-                joined = False
-            else:
-                joined = True
-        if joined:
-            waiting.done.wait()
-            if waiting.error is not None:
-                raise waiting.error
-            return
-        with lock:
-            with self._locks_guard:
-                del self._waiting[key]
-            try:
-                self._reconcile_locked(namespace, name)
-            except BaseException as error:
-                waiting.error = error
-                raise
-            finally:
-                waiting.done.set()
-
-    def _reconcile_locked(self, namespace: str, name: str) -> None:
+        Not to be called for one SD from two threads at once: the operator's work queue
+        (handlers.work_queue) never hands one SD to two workers."""
         body = self.kube.get_speculative_deployment(namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-            return
+            return None
         status = _status_of(body)
         generation = (body.get("metadata") or {}).get("generation")
         if refused_generation(status, generation) is not None:
             # A child write of this generation was refused for good: nothing is sent until
             # the spec changes (plan.status.refusal).
             log.debug("%s/%s: generation %s refused; not retried", namespace, name, generation)
-            return
+            return None
         writes = self.kube.write_requests
         with self.metrics.reconcile_seconds.time():
             try:
@@ -132,12 +99,11 @@ class Reconciler:
             except WriteRefusedError as error:
                 self.metrics.reconciles.labels("error").inc()
                 self.record_refusal(body, status, generation, error)
-                return
+                return None
             except Exception:
                 self.metrics.reconciles.labels("error").inc()
                 raise
         self.metrics.reconciles.labels("ok").inc()
-        self._note_wake(namespace, name, decision.wake_at)
         self.metrics.count_events(decision.events)
         self.metrics.set_acceptance(namespace, name, decision.acceptance_rate)
         log.debug(
@@ -146,22 +112,7 @@ class Reconciler:
             name,
             self.kube.write_requests - writes,
         )
-
-    def _note_wake(self, namespace: str, name: str, at: datetime | None) -> None:
-        with self._locks_guard:
-            if at is None:
-                self._wake_at.pop((namespace, name), None)
-            else:
-                self._wake_at[(namespace, name)] = at
-
-    def take_due(self, now: datetime) -> list[tuple[str, str]]:
-        """The SDs whose verdict is due by `now`, each handed out once (its reconcile notes the
-        next moment)."""
-        with self._locks_guard:
-            due = [key for key, at in self._wake_at.items() if at <= now]
-            for key in due:
-                del self._wake_at[key]
-        return due
+        return decision.wake_at
 
     def record_refusal(
         self,
@@ -320,14 +271,6 @@ class Reconciler:
 def _status_of(body: Mapping[str, Any]) -> SpeculativeDeploymentStatus | None:
     raw = body.get("status")
     return SpeculativeDeploymentStatus.model_validate(raw) if isinstance(raw, Mapping) else None
-
-
-class _Waiting:
-    """A reconcile requested and not started yet, which later requests join."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.error: BaseException | None = None
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:

@@ -1,11 +1,13 @@
 """`specdeploy operator run`: the kopf wiring around `Reconciler`.
 
-Handlers only route: create, update, resume and watch events of every child (revision
-Deployments and their records, the Service, the PodMonitor) all call the same level-based
-reconcile, which is how a change made to a child out of band is set back at once; a periodic
-round (`reconcile_periodically`) reconciles every SD every `reconcileIntervalSeconds`, and
-`reconcile_when_due` reconciles an SD as its next canary verdict or collapse guard falls due
-(plan.rollout.wakeup).
+kopf is the watch machinery and nothing more: for each kind the reconcile reads (SDs, their
+revision Deployments and records, Services, PodMonitors, pods, nodes, Kueue's objects, CRDs)
+one index handler fills its watch-fed store from kopf's first listing, and one raw-event
+handler (`route_event`) puts each later event into the store and the SDs it concerns onto the
+work queue (handlers.work_queue). Workers take SDs off the queue and reconcile them
+(handlers.workers); the periodic round and each SD's next verdict (plan.rollout.wakeup) add to
+the same queue. No handler is a create/update/resume handler, so kopf keeps no progress or diff
+base on the objects and writes nothing to them.
 
 No handler needs a finalizer, so none is set (kopf removes the `specdeploy.dev/finalizer` an
 older operator left): SDs and their namespaces can be deleted while the operator is not
@@ -13,7 +15,7 @@ running, and owner references let the garbage collector delete the children. kop
 always set one, hence the periodic round of our own rather than `kopf.timer`.
 
 With `leaderElection.enabled` the process first takes a Lease (handlers.leadership) and runs
-kopf and the periodic round only while it holds it. The config comes from a file
+kopf and the workers only while it holds it. The config comes from a file
 (`--config PATH`) or a ConfigMap (`--config configmap:<namespace>/<name>`, key `config.yaml`).
 """
 
@@ -21,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -32,25 +37,27 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from specdeploy import GROUP, VERSION
 from specdeploy.adapters import watch_cache
 from specdeploy.adapters.kube import KubeAdapter
 from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
-from specdeploy.api.models import PLURAL
 from specdeploy.handlers.leadership import LeaseElector, default_identity, serve_standby_probe
 from specdeploy.handlers.reconcile import Reconciler
+from specdeploy.handlers.work_queue import WorkQueue
+from specdeploy.handlers.workers import (
+    RECONCILE_WORKERS,
+    SDKey,
+    enqueue_every_round,
+    reconcile_from,
+    relist_from,
+)
 from specdeploy.plan.status.pair_check import shows_launcher_exit
 
 FINALIZER = "specdeploy.dev/finalizer"
 ANNOTATION_PREFIX = "specdeploy.dev"
 CONFIGMAP_PREFIX = "configmap:"
 CONFIGMAP_KEY = "config.yaml"
-RETRY_DELAY_SECONDS = 5
-RECONCILE_WORKERS = 8
-# How often the watch-fed stores are listed afresh (bounds what a missed watch event costs).
-CACHE_RESYNC_SECONDS = 300.0
 EVENT_SOURCE = "specdeploy"
 
 log = logging.getLogger("specdeploy.operator")
@@ -125,14 +132,35 @@ class EventPoster:
             )
 
 
-def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.OperatorRegistry:
-    """The operator's handlers, each a thin route into `reconciler`."""
+@dataclass
+class Queues:
+    """The operator's work queues: SDs to reconcile, and kinds whose store to list afresh."""
+
+    reconciles: WorkQueue[SDKey] = field(default_factory=WorkQueue)
+    relists: WorkQueue[str] = field(default_factory=WorkQueue)
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: the operator has no create/update/resume handlers, the only ones kopf
+    diffs an object for. kopf's own storage would deep-copy and diff every watch event of
+    every kind for nothing (and keep `specdeploy.dev/last-handled-configuration` on SDs)."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
+def build_registry(cache: watch_cache.WatchCache, queues: Queues) -> kopf.OperatorRegistry:
+    """The operator's handlers: for each cached kind, one that fills its store from kopf's
+    first listing and one that routes each watch event (handlers.run.route_event)."""
     registry = kopf.OperatorRegistry()
-    resource = (GROUP, VERSION, PLURAL)
-    if reconciler.kube.cache is not None:
-        # First: kopf runs an event's handlers in the order they were registered, so the
-        # reconcile a child's event starts already reads that event's object from the cache.
-        feed_cache(registry, reconciler.kube.cache)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -143,187 +171,139 @@ def build_registry(reconciler: Reconciler, config: OperatorConfig) -> kopf.Opera
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # kopf removes this finalizer (an older operator set it) from every SD it sees: no
+        # handler needs one.
         settings.persistence.finalizer = FINALIZER
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-            prefix=ANNOTATION_PREFIX
-        )
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
-        )
-        settings.posting.enabled = True
-        settings.posting.level = logging.WARNING
-        settings.execution.max_workers = RECONCILE_WORKERS
+        settings.persistence.diffbase_storage = NoDiffBase()
+        # Only index and raw-event handlers, which post no Events; ours go through EventPoster.
+        settings.posting.enabled = False
+        for kind in watch_cache.KINDS:
+            if kind.labelled:
+                # Only the children and pods of SDs are watched (listed, streamed, kept).
+                group, version, plural = kind.watch
+                settings.watching.label_selectors[group, version or "", plural] = labels.NAME
 
-    def reconcile_now(namespace: str | None, name: str | None) -> None:
-        if not namespace or not name:
-            return
-        try:
-            reconciler.reconcile(namespace, name)
-        except ApiException as error:
-            # Conflicts and API hiccups: the next attempt reads the world afresh.
-            raise kopf.TemporaryError(
-                f"API {error.status}: {error.reason}", delay=RETRY_DELAY_SECONDS
-            ) from error
-
-    @kopf.on.resume(*resource, registry=registry, backoff=RETRY_DELAY_SECONDS)
-    @kopf.on.create(*resource, registry=registry, backoff=RETRY_DELAY_SECONDS)
-    @kopf.on.update(*resource, registry=registry, backoff=RETRY_DELAY_SECONDS)
-    def on_spec(namespace: str | None, name: str | None, **_: Any) -> None:
-        reconcile_now(namespace, name)
-
-    def reconcile_owner(
-        namespace: str | None, child_labels: Mapping[str, str], event: str | None, what: str
-    ) -> None:
-        """Reconciles the SD named by a child's labels after a watch event about the child."""
-        if event is None:
-            return  # the initial listing; resume handlers cover it
-        try:
-            reconciler.reconcile(namespace or "", child_labels.get(labels.NAME, ""))
-        except ApiException as error:
-            log.warning("reconcile after %s failed: %s", what, error)
-
-    owned_children: Mapping[str, Any] = {
-        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
-        labels.NAME: kopf.PRESENT,
-    }
-
-    # A child changed (pods became ready, scaled, edited or deleted by someone): re-decide, so
-    # a change made out of band is set back by the reconcile its own watch event starts.
-    @kopf.on.event("apps", "v1", "deployments", labels=owned_children, registry=registry)
-    @kopf.on.event("apps", "v1", "controllerrevisions", labels=owned_children, registry=registry)
-    @kopf.on.event("", "v1", "services", labels=owned_children, registry=registry)
-    @kopf.on.event(
-        "monitoring.coreos.com", "v1", "podmonitors", labels=owned_children, registry=registry
-    )
-    def on_child(
-        namespace: str | None, labels: Mapping[str, str], type: str | None, **_: Any
-    ) -> None:
-        reconcile_owner(namespace, labels, type, "a child change")
-
-    @kopf.on.event(
-        "",
-        "v1",
-        "pods",
-        labels={labels.NAME: kopf.PRESENT, labels.REVISION: kopf.PRESENT},
-        when=lambda body, **_: shows_launcher_exit(body),
-        registry=registry,
-    )
-    def on_launcher_exit(
-        namespace: str | None, labels: Mapping[str, str], type: str | None, **_: Any
-    ) -> None:
-        # The launcher refused its pair (or found no model): its Deployment may not change at
-        # all, since the pod never became ready, so decide now rather than at the next timer.
-        reconcile_owner(namespace, labels, type, "a launcher exit")
-
+    for kind in watch_cache.KINDS:
+        group, version, plural = kind.watch
+        where = {"group": group, "version": version, "plural": plural, "registry": registry}
+        kopf.index(**where, id=f"list-{kind.name}")(_filler(cache, kind))  # type: ignore[arg-type]
+        kopf.on.event(**where, id=f"watch-{kind.name}")(_router(cache, queues, kind))  # type: ignore[arg-type]
     return registry
 
 
-def feed_cache(registry: kopf.OperatorRegistry, cache: watch_cache.WatchCache) -> None:
-    """One watch handler per cached kind that keeps its store current (adapters.watch_cache).
-    kopf runs one watch per resource whatever the number of handlers, so the kinds the
-    operator already watched cost no further stream."""
-    for kind in watch_cache.KINDS:
-        group, version, plural = kind.watch
-        kopf.on.event(
-            group=group,
-            version=version,
-            plural=plural,
-            registry=registry,
-            id=f"cache-{kind.name}",
-        )(_cache_feeder(cache, kind))
+def _filler(cache: watch_cache.WatchCache, kind: watch_cache.Kind) -> Callable[..., Any]:
+    # kopf calls every index handler for every object of its first listing before any other
+    # handler of any kind runs (kopf docs, "Indexing": Guarantees), so the stores are whole
+    # when the first reconcile is asked for; the index itself stays empty (None is not
+    # indexed).
+    async def fill(body: kopf.Body, **_: Any) -> None:
+        if not cache.listed:
+            cache.observe(kind, None, body, streamed=False)
+
+    return fill
 
 
-class _QuietCacheFeeders(logging.Filter):
-    """Drops kopf's per-event success line of the cache feeders: one per watch event of every
-    cached kind would drown the log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Handler 'cache-")
-
-
-def _cache_feeder(
-    cache: watch_cache.WatchCache, kind: watch_cache.Kind
+def _router(
+    cache: watch_cache.WatchCache, queues: Queues, kind: watch_cache.Kind
 ) -> Callable[..., Awaitable[None]]:
     # Async, so it runs on kopf's loop at once rather than waiting for a worker thread.
-    async def feed(event: Mapping[str, Any], type: str | None, **_: Any) -> None:
+    async def route(event: Mapping[str, Any], type: str | None, **_: Any) -> None:
         obj = event.get("object")
         if isinstance(obj, Mapping):
-            cache.observe(kind, type, obj)
+            route_event(cache, queues, kind, type, obj)
 
-    return feed
+    return route
 
 
-async def reconcile_periodically(
-    reconciler: Reconciler,
-    namespaces: list[str],
-    interval: float,
-    resync: float = CACHE_RESYNC_SECONDS,
+def route_event(
+    cache: watch_cache.WatchCache,
+    queues: Queues,
+    kind: watch_cache.Kind,
+    event_type: str | None,
+    obj: Mapping[str, Any],
 ) -> None:
-    """Every `interval` seconds, reconciles every SpeculativeDeployment of `namespaces` (all
-    when empty): the level-based round that picks up what no watch event announces (quota
-    freed, nodes changed, metrics to judge)."""
-    workers = asyncio.Semaphore(RECONCILE_WORKERS)
-    cache = reconciler.kube.cache
-    loop = asyncio.get_running_loop()
-    listed_at = loop.time()
-
-    async def one(namespace: str, name: str) -> None:
-        async with workers:
-            try:
-                await asyncio.to_thread(reconciler.reconcile, namespace, name)
-            except ApiException as error:
-                log.warning("periodic reconcile of %s/%s failed: %s", namespace, name, error)
-            except Exception:
-                # One SD's failure must not end the round for the others, nor the next rounds.
-                log.exception("periodic reconcile of %s/%s failed", namespace, name)
-
-    while True:
-        await asyncio.sleep(interval)
-        if cache is not None and loop.time() - listed_at >= resync:
-            # Each kind listed afresh beside the reads, which go on from the stores.
-            await asyncio.to_thread(reconciler.kube.refresh_cache)
-            listed_at = loop.time()
-        try:
-            found = await asyncio.to_thread(
-                reconciler.kube.list_speculative_deployments, namespaces
-            )
-        except Exception as error:  # the API unreachable for a while: try at the next round
-            log.warning("listing SpeculativeDeployments failed: %s", error)
-            continue
-        await asyncio.gather(*(one(namespace, name) for namespace, name in found))
+    """One watch event: into its store first (so the reconcile it asks for reads it), then
+    the SDs it concerns onto the work queue; a relist of the kind's stream (which shows no
+    deletions) asks for a LIST of our own that removes what is gone."""
+    cache.mark_listed()
+    seen = cache.observe(kind, event_type, obj)
+    if seen.relisted:
+        queues.relists.add(kind.name)
+    for key in reconciles_for(kind, event_type, obj, seen):
+        queues.reconciles.add(key)
+    if kind is watch_cache.SD and event_type == "DELETED":
+        metadata = obj.get("metadata") or {}
+        queues.reconciles.forget((metadata.get("namespace") or "", metadata.get("name") or ""))
 
 
-WAKE_TICK_SECONDS = 0.25
+#: Children whose changes are set back or read at once: their events reconcile their SD.
+WATCHED_CHILDREN = frozenset(
+    {
+        watch_cache.DEPLOYMENTS.name,
+        watch_cache.RECORDS.name,
+        watch_cache.SERVICES.name,
+        watch_cache.POD_MONITORS.name,
+    }
+)
 
 
-async def reconcile_when_due(reconciler: Reconciler, tick: float = WAKE_TICK_SECONDS) -> None:
-    """Reconciles each SD when its next verdict falls due (Reconciler.take_due), so an analysis
-    interval or a collapse guard's `for` is acted on as it ends rather than at the next round."""
-    running: set[asyncio.Task[None]] = set()
+def reconciles_for(
+    kind: watch_cache.Kind,
+    event_type: str | None,
+    obj: Mapping[str, Any],
+    seen: watch_cache.Seen,
+) -> list[SDKey]:
+    """The SDs one watch event asks to reconcile:
 
-    async def one(namespace: str, name: str) -> None:
-        try:
-            await asyncio.to_thread(reconciler.reconcile, namespace, name)
-        except Exception:
-            log.exception("reconcile of %s/%s at its verdict time failed", namespace, name)
+    - an SD: listed (the operator's start, or a relist), or changed beyond its status (the
+      spec, its labels or annotations, its deletion); its own status writes come back as
+      events too and ask for nothing;
+    - a revision Deployment, its record, the Service, the PodMonitor (ours: managed-by): any
+      change the store did not already hold (pods became ready, someone edited or deleted
+      it), not the echo of our own write;
+    - a pod whose engine container ended with the launcher's exit (its Deployment may not
+      change at all);
+    - nothing else (nodes, Kueue's objects, CRDs: the periodic round reads them)."""
+    metadata = obj.get("metadata") or {}
+    namespace = metadata.get("namespace") or ""
+    if kind is watch_cache.SD:
+        if event_type == "DELETED":
+            return []
+        key = (namespace, metadata.get("name") or "")
+        if event_type is None or (seen.news and watch_cache.changed_beyond_status(seen, obj)):
+            return [key]
+        return []
+    owner = (metadata.get("labels") or {}).get(labels.NAME)
+    if not seen.news or not isinstance(owner, str) or not owner:
+        return []
+    if kind.name in WATCHED_CHILDREN:
+        managed = (metadata.get("labels") or {}).get(labels.MANAGED_BY)
+        return [(namespace, owner)] if managed == labels.MANAGED_BY_VALUE else []
+    if kind is watch_cache.PODS and event_type != "DELETED" and shows_launcher_exit(obj):
+        return [(namespace, owner)]
+    return []
 
-    while True:
-        for namespace, name in reconciler.take_due(reconciler.clock()):
-            task = asyncio.create_task(one(namespace, name))
-            running.add(task)
-            task.add_done_callback(running.discard)
-        await asyncio.sleep(tick)
+
+class _QuietRoutes(logging.Filter):
+    """Drops kopf's per-event success line of the routing handlers: one per watch event of
+    every cached kind would drown the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not message.startswith(("Handler 'list-", "Handler 'watch-"))
 
 
-async def run_operator(
+async def run_operator(  # noqa: PLR0917
     reconciler: Reconciler,
     registry: kopf.OperatorRegistry,
+    queues: Queues,
     config: OperatorConfig,
     namespaces: list[str],
     elector: LeaseElector | None,
 ) -> int:
-    """kopf and the periodic round, once `elector` (if any) holds its Lease; returns 1 when
-    the Lease was lost, else 0 on a clean stop."""
+    """kopf, the reconcile workers, the periodic round and the stores' relists, once
+    `elector` (if any) holds its Lease; returns 1 when the Lease was lost, else 0 on a clean
+    stop."""
     lost = asyncio.Event()
     if elector is not None:
         stop_probe = await serve_standby_probe(config.liveness_endpoint)
@@ -331,12 +311,24 @@ async def run_operator(
             await elector.acquire()
         finally:
             await stop_probe()
+    executor = ThreadPoolExecutor(RECONCILE_WORKERS, thread_name_prefix="reconcile")
     tasks = [
         asyncio.create_task(
-            reconcile_periodically(reconciler, namespaces, config.reconcile_interval_seconds)
-        ),
-        asyncio.create_task(reconcile_when_due(reconciler)),
+            reconcile_from(queues.reconciles, reconciler.reconcile, reconciler.clock, executor)
+        )
+        for _ in range(RECONCILE_WORKERS)
     ]
+    tasks.append(
+        asyncio.create_task(
+            enqueue_every_round(
+                queues.reconciles,
+                functools.partial(reconciler.kube.list_speculative_deployments, namespaces),
+                config.reconcile_interval_seconds,
+            )
+        )
+    )
+    if reconciler.kube.cache is not None:
+        tasks.append(asyncio.create_task(relist_from(queues.relists, reconciler.kube.refresh_kind)))
     # No `stop_flag` for kopf: on SIGINT/SIGTERM kopf waits 5 s for every task still pending
     # (a waiter on a flag that is never set among them) before it exits. A lost Lease cancels
     # kopf instead, so a clean stop ends at once and hands the Lease over without that wait.
@@ -358,8 +350,11 @@ async def run_operator(
         if not lost.is_set():
             raise
     finally:
+        queues.reconciles.shutdown()
+        queues.relists.shutdown()
         for task in tasks:
             task.cancel()
+        executor.shutdown(wait=False, cancel_futures=True)
         if elector is not None and not lost.is_set():
             await asyncio.to_thread(elector.release)
     return 1 if lost.is_set() else 0
@@ -381,12 +376,13 @@ def main(args: argparse.Namespace) -> int:
     kube = KubeAdapter.from_environment(on_write=metrics.api_writes.inc)
     config = load_config(getattr(args, "config", None), kube)
     namespaces = list(getattr(args, "namespace", None) or config.namespaces)
-    kube.cache = watch_cache.WatchCache(namespaces)
-    logging.getLogger("kopf.objects").addFilter(_QuietCacheFeeders())
+    cache = kube.cache = watch_cache.WatchCache(namespaces)
+    logging.getLogger("kopf.objects").addFilter(_QuietRoutes())
     identity = default_identity()
     post_event = EventPoster(client.CoreV1Api(client.ApiClient()), identity)
     reconciler = Reconciler(kube, config, post_event, metrics=metrics)
-    registry = build_registry(reconciler, config)
+    queues = Queues()
+    registry = build_registry(cache, queues)
     elector = None
     if config.leader_election.enabled:
         # Its own API client: Lease renewals are not reconcile writes.
@@ -403,4 +399,4 @@ def main(args: argparse.Namespace) -> int:
         namespaces or "all",
         config.reconcile_interval_seconds,
     )
-    return asyncio.run(run_operator(reconciler, registry, config, namespaces, elector))
+    return asyncio.run(run_operator(reconciler, registry, queues, config, namespaces, elector))

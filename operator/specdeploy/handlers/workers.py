@@ -1,0 +1,118 @@
+"""The tasks that take keys off the work queues: reconcile workers, the periodic round, and the
+relists that keep the watch-fed stores whole.
+
+Every reason an SD needs a reconcile adds its key to one `WorkQueue` (handlers.work_queue): a
+watch event of the SD or of a child (handlers.run), the moment its next verdict falls due (the
+`wake_at` its last reconcile returned), the periodic round, and the operator's start (kopf's
+first listing of the SDs). `RECONCILE_WORKERS` workers take keys off it, each reconcile in a
+thread of their own pool; a reconcile that raises is added again after its key's backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import Executor
+from datetime import datetime
+
+from kubernetes.client.exceptions import ApiException
+
+from specdeploy.adapters import watch_cache
+from specdeploy.handlers.work_queue import QueueShutDownError, WorkQueue
+
+log = logging.getLogger("specdeploy.operator")
+
+SDKey = tuple[str, str]
+
+#: Reconciles at once (threads): reads come from memory, so what they wait on is the API
+#: server's answers to their writes.
+RECONCILE_WORKERS = 8
+#: How often each watch-fed store is listed afresh: bounds what a missed event (one the relist
+#: after a watch gap could not notice) costs.
+CACHE_RESYNC_SECONDS = 300.0
+
+
+async def reconcile_from(
+    queue: WorkQueue[SDKey],
+    reconcile: Callable[[str, str], datetime | None],
+    clock: Callable[[], datetime],
+    executor: Executor | None = None,
+) -> None:
+    """One worker: reconciles the keys it takes off `queue` until the queue shuts down.
+
+    A reconcile that returns a moment (its next verdict) adds its key again for then; one that
+    raises adds it after its backoff; one that succeeds resets its backoff."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            key = await queue.get()
+        except QueueShutDownError:
+            return
+        namespace, name = key
+        try:
+            wake_at = await loop.run_in_executor(executor, reconcile, namespace, name)
+        except (ApiException, OSError) as error:
+            # Conflicts and API hiccups: the next attempt reads the world afresh.
+            delay = queue.add_rate_limited(key)
+            log.warning(
+                "reconcile of %s/%s failed (again in %.1fs): %s", namespace, name, delay, error
+            )
+        except Exception:
+            delay = queue.add_rate_limited(key)
+            log.exception("reconcile of %s/%s failed (again in %.1fs)", namespace, name, delay)
+        else:
+            queue.forget(key)
+            if wake_at is not None:
+                queue.add_after(key, (wake_at - clock()).total_seconds())
+        finally:
+            queue.done(key)
+
+
+async def enqueue_every_round(
+    queue: WorkQueue[SDKey],
+    list_keys: Callable[[], Iterable[SDKey]],
+    interval: float,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Every `interval` seconds, adds every SD `list_keys` names (from the SD store): the
+    level-based round that picks up what no watch event announces (quota freed, nodes
+    changed, metrics to judge)."""
+    while True:
+        await sleep(interval)
+        try:
+            keys = await asyncio.to_thread(lambda: list(list_keys()))
+        except Exception as error:  # the API unreachable while the store is not filled
+            log.warning("listing SpeculativeDeployments failed: %s", error)
+            continue
+        for key in keys:
+            queue.add(key)
+
+
+async def relist_from(
+    relists: WorkQueue[str],
+    refresh: Callable[[watch_cache.Kind], None],
+    resync: float = CACHE_RESYNC_SECONDS,
+) -> None:
+    """Lists each kind named on `relists` afresh (KubeAdapter.refresh_kind) and schedules its
+    next periodic relist `resync` seconds later; a failed LIST is tried again after its
+    backoff."""
+    kinds = {kind.name: kind for kind in watch_cache.KINDS}
+    for name in kinds:
+        relists.add_after(name, resync)
+    while True:
+        try:
+            name = await relists.get()
+        except QueueShutDownError:
+            return
+        try:
+            await asyncio.to_thread(refresh, kinds[name])
+        except Exception as error:
+            delay = relists.add_rate_limited(name)
+            log.warning("listing %s afresh failed (again in %.1fs): %s", name, delay, error)
+        else:
+            relists.forget(name)
+            relists.add_after(name, resync)
+        finally:
+            relists.done(name)
