@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -382,3 +383,79 @@ def spec_decode_queries(
         "draft": f"sum({DRAFT_TOKENS}{{{labels}}})",
         "accepted": f"sum({ACCEPTED_TOKENS}{{{labels}}})",
     }
+
+
+# --- why the operator wrote what it wrote -------------------------------------------------------
+
+# How the operator logs each new measurement of a revision (handlers/reconcile.py, at debug
+# level: `operator run --log-reconciles`, which OperatorProcess passes).
+MEASURED_LINE = re.compile(r"^(\S+ \S+) DEBUG specdeploy\.reconcile: measured (\S+)/(\S+) (.*)$")
+
+
+def what_the_operator_measured(
+    kubectl: Kubectl, prometheus_url: str, operator_log: str, namespace: str, name: str
+) -> str:
+    """What a wait on an SD's status can print when it runs out: the status fields the
+    operator wrote (figures, analysis, latest verdicts, conditions), the last measurement it
+    logged of each revision, and the draft-token series Prometheus holds for the namespace
+    (when each pod was first scraped, and at what value)."""
+    lines = [f"what the operator measured of {namespace}/{name}:"]
+    done = kubectl.run("get", "sd", name, "-n", namespace, "-o", "json", check=False)
+    status: dict[str, Any] = (json.loads(done.stdout).get("status") or {}) if done.stdout else {}
+    figures = ["phase", "stableRevision", "canaryRevision", "acceptanceRate"]
+    figures += ["meanAcceptanceLength", "measuredAt"]
+    lines.append("  status: " + ", ".join(f"{key}={status.get(key)}" for key in figures))
+    if status.get("analysis"):
+        lines.append(f"  status.analysis: {json.dumps(status['analysis'], sort_keys=True)}")
+    for record in status.get("revisions") or []:
+        verdicts = record.get("verdicts") or []
+        if verdicts:
+            latest = json.dumps(verdicts[-1], sort_keys=True)
+            lines.append(
+                f"  revision {record['revision']}, latest of {len(verdicts)} verdicts: {latest}"
+            )
+    for found in status.get("conditions") or []:
+        lines.append(
+            f"  {found.get('type')}={found.get('status')} {found.get('reason')}: "
+            f"{found.get('message', '')}"
+        )
+    last: dict[str, str] = {}
+    for line in operator_log.splitlines():
+        matched = MEASURED_LINE.match(line)
+        if matched and (matched[2], matched[3]) == (namespace, name):
+            revision = matched[4].split(" ")[1]
+            last[revision] = f"{matched[1]} {matched[4]}"
+    if last:
+        lines += [f"  operator log, last measured: {text}" for text in last.values()]
+    else:
+        lines.append("  operator log: no measurement logged (is spec.rollout set?)")
+    lines += [f"  {line}" for line in _scraped_draft_tokens(prometheus_url, namespace)]
+    return "\n".join(lines)
+
+
+def _scraped_draft_tokens(prometheus_url: str, namespace: str) -> list[str]:
+    """Each pod's draft-token series in Prometheus over the last 10 minutes: its first and last
+    samples (a series born at a value above 0 served requests before its first scrape)."""
+    query = f"{DRAFT_TOKENS}{{namespace={json.dumps(namespace)}}}[10m]"
+    url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    try:
+        found = http_json(url, timeout=10)["data"]["result"]
+    except (OSError, ValueError, KeyError) as error:
+        return [f"Prometheus: {query} failed: {error}"]
+    if not found:
+        return [f"Prometheus: no {DRAFT_TOKENS} series in {namespace} in the last 10 minutes"]
+    lines = []
+    for series in found:
+        labels, values = series["metric"], series["values"]
+        (first_at, first), (last_at, last) = values[0], values[-1]
+        revision = labels.get("specdeploy_dev_revision")
+        lines.append(
+            f"Prometheus: pod {labels.get('pod')} (revision {revision})"
+            f" draft tokens first scraped at {_clock(first_at)} = {float(first):.0f}, "
+            f"last at {_clock(last_at)} = {float(last):.0f}"
+        )
+    return lines
+
+
+def _clock(unix_seconds: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(float(unix_seconds))) + "Z"

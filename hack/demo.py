@@ -48,6 +48,7 @@ from engine_cluster import (  # noqa: E402
     prometheus_value,
     ready_pod,
     tiny_sd,
+    what_the_operator_measured,
 )
 from engine_harness import (  # noqa: E402
     ACCEPTED_TOKENS,
@@ -171,9 +172,17 @@ def stop_previous_demo_operator() -> None:
     pid_file.unlink(missing_ok=True)
 
 
+# What a wait that runs out prints after its message (set once the operator runs): the status
+# the operator wrote, what it last measured and what Prometheus holds, so a failure explains itself.
+_explain_timeout: list[Callable[[], str]] = []
+
+
 def wait_for(probe: Callable[[], Any], timeout: float, what: str) -> Any:
     say(f"waiting for {what} (up to {timeout:.0f}s)")
-    return eventually(probe, timeout, what)
+    try:
+        return eventually(probe, timeout, what)
+    except TimeoutError as error:
+        raise TimeoutError("\n".join([str(error), *(f() for f in _explain_timeout)])) from None
 
 
 def acceptance(prometheus_url: str, revision: str) -> tuple[float, float]:
@@ -216,6 +225,11 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
         say(f"config: ConfigMap {RELEASE_NAMESPACE}/{FULLNAME} (probe and metrics on loopback)")
         say(f"engine command: {python} -m specdeploy.engine serve -- <vllm args>")
         show_grants(kubectl)
+        _explain_timeout.append(
+            lambda: what_the_operator_measured(
+                kubectl, env.prometheus_url, operator.log_text(), NAMESPACE, SD
+            )
+        )
 
     with step(f"Apply the pair: tiny target + {GOOD_DRAFT} (draft_model, 3 speculative tokens)"):
         kubectl.apply([demo_sd(models, GOOD_DRAFT, "1.0-small")])

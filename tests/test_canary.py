@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from engine_cluster import MEASURED_LINE
 from fake_kube import FakeKube
 from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.reconcile import Reconciler
@@ -263,3 +265,31 @@ def test_canary_pods_short_of_quota_say_so() -> None:
     admitted = world.condition("Admitted")
     assert (admitted["status"], admitted["reason"]) == ("False", "WaitingForQuota")
     assert "lacks 1 nvidia.com/mig-3g.40gb (flavor h100-mig)" in admitted["message"]
+
+
+def test_each_new_measurement_is_logged_once_in_the_line_the_demo_reads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    world = started()
+    caplog.set_level(logging.DEBUG, logger="specdeploy.reconcile")
+    stable, canary = world.new_draft("r2")
+    world.step(1)
+    world.measured = {stable: GOOD, canary: GOOD}
+    world.step(10)
+    world.step(1)
+    lines = [r for r in caplog.records if r.getMessage().startswith("measured ")]
+    # Once per revision and change: the stable's unchanged NOTHING, and any figures that stay
+    # the same over later reconciles, are not logged again.
+    assert sorted(r.getMessage().split(" ")[3] for r in lines) == sorted([canary, canary, stable])
+    nothing, good = (r for r in lines if f"revision {canary} " in r.getMessage())
+    assert nothing.getMessage() == (
+        f"measured ns/chat revision {canary} over 5m: acceptance n/a, mean acceptance length "
+        "n/a, 0 draft tokens, mean step n/a"
+    )
+    assert "acceptance 0.80, mean acceptance length 3.20, 2,412 draft tokens" in good.getMessage()
+    # The operator's log format (handlers/run.py), as make demo's waits read it back.
+    line = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s").format(nothing)
+    found = MEASURED_LINE.match(line)
+    assert found is not None
+    assert (found[2], found[3]) == ("ns", "chat")
+    assert found[4].startswith(f"revision {canary} over 5m: acceptance n/a")

@@ -195,6 +195,9 @@ def test_unreachable_prometheus_is_a_measurement_with_the_error() -> None:
     measured = PrometheusReader("http://127.0.0.1:9", timeout=1).measure("ns", "rev", "5m")
     assert measured.error is not None
     assert "127.0.0.1:9" in measured.error
+    # The cause, short enough for status and Events; the query is only logged.
+    assert "Connection refused" in measured.error
+    assert "vllm:" not in measured.error
     assert measured.acceptance_rate is None
 
 

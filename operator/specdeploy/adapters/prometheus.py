@@ -18,6 +18,7 @@ which a regular expression over names would sum in.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Sequence
@@ -43,6 +44,9 @@ RUNNING = "vllm:num_requests_running"
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds_bucket"
 REVISION_LABEL = "specdeploy_dev_revision"
 DEFAULT_TIMEOUT_SECONDS = 5
+
+
+log = logging.getLogger("specdeploy.prometheus")
 
 
 class PrometheusUnavailableError(Exception):
@@ -155,6 +159,14 @@ def accepted_by_position(result: list[dict[str, Any]]) -> tuple[float, ...]:
     return tuple(found.get(i, 0.0) for i in range(max(found) + 1))
 
 
+def _cause(error: Exception) -> str:
+    """Why a query failed, in one short line: for a request that got no answer, urllib3's
+    reason (a timeout, a refused connection) without the URL that requests puts around it."""
+    if isinstance(error, RequestException) and error.args:
+        return str(getattr(error.args[0], "reason", None) or error)
+    return str(error)
+
+
 class PrometheusReader:
     """Reads measurements from one Prometheus; one attempt per query, short timeouts."""
 
@@ -169,7 +181,9 @@ class PrometheusReader:
         try:
             result: list[dict[str, Any]] = self.client.custom_query(query)
         except (PrometheusApiClientException, RequestException, ValueError) as error:
-            raise PrometheusUnavailableError(f"{self.url}: {query}: {error}") from error
+            # The message lands in status and Events: the cause, not the (long) query.
+            log.debug("query failed: %s: %s", query, error)
+            raise PrometheusUnavailableError(f"{self.url}: {_cause(error)}") from error
         return result
 
     def _instant(self, query: str) -> float | None:

@@ -30,7 +30,7 @@ from specdeploy.plan.children.manifests import RECORD_API_VERSION, RECORD_KIND
 from specdeploy.plan.decide import Decision, Snapshot, decide, watches_acceptance
 from specdeploy.plan.placement.gpu_catalog import catalog_for_config
 from specdeploy.plan.placement.sizing import models_needing_shapes
-from specdeploy.plan.rollout.analysis import RFC3339, Measurement
+from specdeploy.plan.rollout.analysis import RFC3339, Measurement, describe_measurement
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement, measurement_due
 from specdeploy.plan.rollout.revisions import read_revision_deployment
 from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
@@ -74,6 +74,9 @@ class Reconciler:
         self.metrics = metrics or OperatorMetrics()
         self.catalog = catalog_for_config(config)
         self.shapes = ModelShapes(config.model_config_url)
+        #: The last measurement logged per (namespace, name, revision); one worker per SD at
+        #: a time (handlers.work_queue), so an SD's keys are never written by two at once.
+        self._last_measured: dict[tuple[str, str, str], Measurement] = {}
 
     def reconcile(self, namespace: str, name: str) -> datetime | None:
         """Brings one SpeculativeDeployment's children and status in line with its spec; returns
@@ -202,11 +205,34 @@ class Reconciler:
             return {}
         window = self.config.analysis_for(sd.spec.rollout.analysis).window
         serving = (r for r in map(read_revision_deployment, deployments) if r is not None)
-        return {
-            r.revision: self.measure(sd.metadata.namespace or "", r.revision, window)
+        namespace, name = sd.metadata.namespace or "", sd.metadata.name or ""
+        measured = {
+            r.revision: self.measure(namespace, r.revision, window)
             for r in serving
             if r.ready_replicas > 0
         }
+        for revision, measurement in measured.items():
+            self._log_measurement(namespace, name, revision, window, measurement)
+        return measured
+
+    def _log_measurement(
+        self, namespace: str, name: str, revision: str, window: str, measured: Measurement
+    ) -> None:
+        """Logs (at debug level, with --log-reconciles) what Prometheus answered for a
+        revision, when it differs from the last answer logged for it: what a status field or a
+        verdict was decided from."""
+        key = (namespace, name, revision)
+        if self._last_measured.get(key) == measured:
+            return
+        self._last_measured[key] = measured
+        log.debug(
+            "measured %s/%s revision %s over %s: %s",
+            namespace,
+            name,
+            revision,
+            window,
+            describe_measurement(measured),
+        )
 
     def _fetched_shapes(self, sd: SpeculativeDeployment) -> dict[str, Any]:
         """Shapes of the served pair's models outside the spec and catalog (config.json)."""

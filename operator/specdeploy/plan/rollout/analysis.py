@@ -83,6 +83,18 @@ def _figure(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
+def describe_measurement(measured: Measurement) -> str:
+    """One line of every figure of a measurement, "n/a" where Prometheus gave none."""
+    if measured.error is not None:
+        return f"no answer: {measured.error}"
+    step = "n/a" if measured.step_seconds is None else f"{measured.step_seconds:.5f}s"
+    return (
+        f"acceptance {_figure(measured.acceptance_rate)}, mean acceptance length "
+        f"{_figure(measured.mean_acceptance_length)}, {measured.draft_tokens:,.0f} draft tokens, "
+        f"mean step {step}"
+    )
+
+
 def tokens_per_second(measured: Measurement) -> float | None:
     """Tokens one sequence gets per second: tokens per step (mean acceptance length, which
     counts the target's own token) over the mean step time (vLLM observes the inter-token
