@@ -6,13 +6,15 @@ configures itself in-cluster as in a real cluster. Only the pods' annotations ar
 the process kubelet (not KWOK) runs them.
 
 One release is walked through its life: install, two pods Running and one holding the Lease, an
-SD served, `helm test`, the leader's process killed and the standby taking over and finishing a
-rollout, `helm upgrade` with a changed value rolling the operator's pods while the SD's pods
-stay, and `helm uninstall` leaving the SD serving.
+SD served, the operator's metrics scraped by Prometheus through the chart's ServiceMonitor,
+`helm test`, the leader's process killed and the standby taking over and finishing a rollout,
+`helm upgrade` with a changed value rolling the operator's pods while the SD's pods stay, and
+`helm uninstall` leaving the SD serving.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import uuid
@@ -23,9 +25,10 @@ from typing import Any
 import pytest
 
 from chart_harness import CHART, Helm, install, set_values
-from engine_cluster import apply_crds, condition, get_sd, kwok_operator_config
+from engine_cluster import apply_crds, condition, get_sd, kwok_operator_config, prometheus_value
 from sd_bodies import llama_8b
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+from testbed.prometheus_operator import served_monitor_crd
 
 pytestmark = pytest.mark.e2e
 
@@ -121,8 +124,11 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
         "config": config,
         "podAnnotations": LOCAL_PROCESS,
         "test": {"podAnnotations": LOCAL_PROCESS},
+        "serviceMonitor": {"enabled": True, "interval": "2s"},
     }
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(kubectl.run, "delete", "namespace", watched, "--wait=false", check=False)
+        stack.enter_context(served_monitor_crd(kubectl, "servicemonitors"))
         apply_crds(kubectl)
         install(helm, release, namespace, *set_values(values))
         try:
@@ -142,6 +148,30 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
         kubectl.apply([llama_8b("chat", watched)])
         revision = eventually(
             lambda: serving_revision(kubectl, watched, "chat"), 120, "the SD Ready and Serving"
+        )
+        # Prometheus scrapes both pods through the chart's ServiceMonitor (job = the Service),
+        # and the leader's reconciles among their series.
+        fullname = f"{release}-specdeploy"
+        scraped = (
+            f'job="{fullname}",service="{fullname}",endpoint="metrics",namespace="{namespace}"'
+        )
+        eventually(
+            lambda: prometheus_value(cluster.prometheus_url, f"count(up{{{scraped}}} == 1)") == 2,
+            60,
+            "both operator pods up in Prometheus through the ServiceMonitor",
+        )
+        eventually(
+            lambda: (
+                (
+                    prometheus_value(
+                        cluster.prometheus_url, f"sum(specdeploy_reconciles_total{{{scraped}}})"
+                    )
+                    or 0
+                )
+                > 0
+            ),
+            60,
+            "the leader's reconciles scraped through the ServiceMonitor",
         )
         tested = helm.run("test", release, "-n", namespace, timeout=180)
         assert "Phase:          Succeeded" in tested.stdout, tested.stdout
@@ -193,5 +223,3 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
         assert kubectl.run("get", "crd", "speculativedeployments.specdeploy.dev").returncode == 0
         assert serving_revision(kubectl, watched, "chat") == new_revision
         assert engine_pod_uids(kubectl, watched, "chat") == serving_pods
-    finally:
-        kubectl.run("delete", "namespace", watched, "--wait=false", check=False)

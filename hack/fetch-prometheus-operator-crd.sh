@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Copies the Prometheus Operator's PodMonitor CRD, as its release ships it, into the cache so the
-# end-to-end tests can install the real CRD (not a stand-in that keeps unknown fields).
+# Copies the Prometheus Operator's PodMonitor and ServiceMonitor CRDs, as its release ships them,
+# into the cache so the end-to-end tests can install the real CRDs (not stand-ins that keep
+# unknown fields).
 #
 # Source: the github.com/prometheus-operator/prometheus-operator Go module at the version pinned
-# below, file example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml (the same
+# below, files example/prometheus-operator-crd/monitoring.coreos.com_{podmonitors,servicemonitors}.yaml (the same
 # YAML as the release's bundle), checked against the pinned module hash.
 #
 # Output: ${SPECDEPLOY_CACHE:-~/.cache/specdeploy}/manifests/prometheus-operator-<version>/
@@ -18,7 +19,8 @@ MODULE=github.com/prometheus-operator/prometheus-operator
 VERSION=v0.85.0
 # The module's h1: hash (go.sum form) at VERSION; the checksum database agrees.
 MODULE_SUM="h1:M5xLCLEoaW2IJfnuCwFzzpL+jSVQu3KGT84Pye+fW8s="
-CRD_PATH=example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml
+CRD_DIR=example/prometheus-operator-crd
+CRDS=(podmonitors servicemonitors)
 
 CACHE="${SPECDEPLOY_CACHE:-$HOME/.cache/specdeploy}"
 OUT="$CACHE/manifests/prometheus-operator-$VERSION"
@@ -26,7 +28,7 @@ if [[ "${1:-}" == "--print-dir" ]]; then
   echo "$OUT"
   exit 0
 fi
-if [[ -f "$OUT/.complete" ]]; then
+if [[ -f "$OUT/.complete" && -f "$OUT/monitoring.coreos.com_servicemonitors.yaml" ]]; then
   echo "$OUT"
   exit 0
 fi
@@ -43,15 +45,18 @@ INFO=$(cd "$TMP" && GOFLAGS= GO111MODULE=on go mod download -json "$MODULE@$VERS
 DIR=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$INFO")
 SUM=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$INFO")
 [[ "$SUM" == "$MODULE_SUM" ]] || fail "$MODULE@$VERSION has hash '$SUM', expected $MODULE_SUM"
-[[ -f "$DIR/$CRD_PATH" ]] || fail "$CRD_PATH is not in $MODULE@$VERSION ($DIR)"
-grep -q '^  name: podmonitors.monitoring.coreos.com$' "$DIR/$CRD_PATH" \
-  || fail "$DIR/$CRD_PATH is not the PodMonitor CRD"
-cp "$DIR/$CRD_PATH" "$TMP/"
+for plural in "${CRDS[@]}"; do
+  path="$CRD_DIR/monitoring.coreos.com_$plural.yaml"
+  [[ -f "$DIR/$path" ]] || fail "$path is not in $MODULE@$VERSION ($DIR)"
+  grep -q "^  name: $plural.monitoring.coreos.com\$" "$DIR/$path" \
+    || fail "$DIR/$path is not the $plural CRD"
+  cp "$DIR/$path" "$TMP/"
+done
 chmod u+w "$TMP"/*.yaml
 echo "$VERSION" >"$TMP/version"
 rm -rf "$OUT"
 mv "$TMP" "$OUT"
 trap - EXIT
 date -u +%Y-%m-%dT%H:%M:%SZ >"$OUT/.complete"
-echo "fetch-prometheus-operator-crd: $MODULE@$VERSION PodMonitor CRD in $OUT" >&2
+echo "fetch-prometheus-operator-crd: $MODULE@$VERSION PodMonitor and ServiceMonitor CRDs in $OUT" >&2
 echo "$OUT"

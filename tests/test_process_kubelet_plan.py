@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from testbed.process_plan import (
     stop_grace_seconds,
     termination_message,
 )
+from testbed.service_monitors import service_monitor_target_groups
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -836,3 +838,58 @@ def test_only_supported_volumes_are_mounted_and_subpaths_are_refused() -> None:
     mounts[0]["subPath"] = "x"
     with pytest.raises(ContainerConfigError, match="subPath"):
         container_mounts(pod, container)
+
+
+def test_a_service_monitor_scrapes_the_pods_behind_the_services_it_selects() -> None:
+    pod = make_pod()
+    pod["metadata"]["labels"] = {"app": "op", "tier": "x"}
+    pod["spec"]["containers"] = [
+        {
+            "name": "operator",
+            "ports": [
+                {"name": "probes", "containerPort": 8080},
+                {"name": "metrics", "containerPort": 8081},
+            ],
+        }
+    ]
+    service: dict[str, Any] = {
+        "metadata": {"name": "op", "namespace": "team-a", "labels": {"app": "op", "team": "t"}},
+        "spec": {
+            "selector": {"app": "op"},
+            "ports": [{"name": "metrics", "port": 9000, "targetPort": "metrics"}],
+        },
+    }
+    monitor: dict[str, Any] = {
+        "metadata": {"name": "op", "namespace": "team-a"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "op"}},
+            "endpoints": [{"port": "metrics", "path": "/m"}],
+            "targetLabels": ["team"],
+            "podTargetLabels": ["tier"],
+        },
+    }
+
+    def local(container: dict[str, Any], port: Mapping[str, Any]) -> int | None:
+        return {8080: 41000, 8081: 41001}.get(port["containerPort"])
+
+    groups = service_monitor_target_groups(pod, [monitor], [service], local)
+    assert groups == [
+        {
+            "targets": ["127.0.0.1:41001"],
+            "labels": {
+                "namespace": "team-a",
+                "service": "op",
+                "pod": pod["metadata"]["name"],
+                "container": "operator",
+                "endpoint": "metrics",
+                "job": "op",
+                "team": "t",
+                "tier": "x",
+                "__metrics_path__": "/m",
+            },
+        }
+    ]
+    other_namespace = {**monitor, "metadata": {"name": "op", "namespace": "elsewhere"}}
+    assert service_monitor_target_groups(pod, [other_namespace], [service], local) == []
+    unselected = {**service, "spec": {**service["spec"], "selector": {"app": "other"}}}
+    assert service_monitor_target_groups(pod, [monitor], [unselected], local) == []

@@ -34,7 +34,7 @@ import os
 import random
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ def service_address(cluster_ip: str) -> str | None:
     return f"127.{b}.{c}.{d}"
 
 
-def hosts_file_text(services: list[Mapping[str, Any]]) -> str:
+def hosts_file_text(services: Sequence[Mapping[str, Any]]) -> str:
     """/etc/hosts of pods with a network of their own: localhost, then each Service's names."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     for service in services:
@@ -274,7 +274,7 @@ class Networking:
         self._services: list[Mapping[str, Any]] = []
         self.write_hosts([])
 
-    def write_hosts(self, services: list[Mapping[str, Any]]) -> None:
+    def write_hosts(self, services: Sequence[Mapping[str, Any]]) -> None:
         """Rewrite the hosts file in place: containers have it bind-mounted (one inode)."""
         text = hosts_file_text(services)
         with contextlib.suppress(FileNotFoundError):
@@ -285,7 +285,7 @@ class Networking:
             handle.write(text)
             handle.truncate()
 
-    def observe_services(self, services: list[Mapping[str, Any]]) -> None:
+    def observe_services(self, services: Sequence[Mapping[str, Any]]) -> None:
         """The Services now (each with a selector and a ClusterIP)."""
         usable = [
             s
@@ -321,17 +321,3 @@ class Networking:
                     net.reach_service(address, int(port["port"]), route)
                 except OSError as error:
                     log.warning("%s: Service %s not reachable: %s", net.what, address, error)
-
-    def watch_services(
-        self,
-        list_services: Callable[[], list[Mapping[str, Any]]],
-        stopping: threading.Event,
-        every: float = 2.0,
-    ) -> None:
-        """List the Services every `every` seconds until `stopping`."""
-        while not stopping.is_set():
-            try:
-                self.observe_services(list_services())
-            except Exception as error:  # the API server may be briefly away
-                log.warning("listing Services failed: %s", error)
-            stopping.wait(every)

@@ -99,6 +99,7 @@ from testbed.process_plan import (
     merge_pod_status,
     pod_folder_name,
     pod_key,
+    pod_monitor_selects,
     pre_stop_hook,
     probe_spec,
     record_exited,
@@ -113,6 +114,7 @@ from testbed.process_plan import (
     stop_grace_seconds,
     termination_message,
 )
+from testbed.service_monitors import service_monitor_target_groups
 
 log = logging.getLogger("process-kubelet")
 
@@ -353,6 +355,21 @@ class KubePodApi:
                     raise
         return services
 
+    def list_service_monitors(self) -> list[dict[str, Any]] | None:
+        """Every ServiceMonitor; None while their CRD is not served."""
+        try:
+            response: Any = self.custom.list_cluster_custom_object(
+                POD_MONITOR_GROUP,
+                POD_MONITOR_VERSION,
+                SERVICE_MONITOR_PLURAL,
+                _preload_content=False,
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return list(self._json(response).get("items") or [])
+
     def list_all_services(self) -> list[dict[str, Any]]:
         """Every Service of every namespace (the Services of pods with a network of their own)."""
         body = self._json(self.core.list_service_for_all_namespaces(_preload_content=False))
@@ -444,6 +461,52 @@ class PodMonitors:
                 if not stopping.is_set():
                     log.warning("PodMonitor watch failed (%s); listing again", error)
                     stopping.wait(POD_MONITOR_CRD_RETRY_SECONDS)
+
+
+# --- Services and ServiceMonitors -----------------------------------------------------------
+
+
+SERVICE_MONITOR_PLURAL = "servicemonitors"
+SERVICES_REFRESH_SECONDS = 2.0
+
+
+class ServiceDirectory:
+    """The Services and ServiceMonitors of the cluster, listed every 2 s (both change seldom);
+    no ServiceMonitors while their CRD is not served. Pods with a network of their own reach
+    the Services (`Networking`); ServiceMonitors make scrape targets of the pods behind them."""
+
+    def __init__(self, api: KubePodApi | None = None, networking: Networking | None = None) -> None:
+        self.api = api
+        self.networking = networking
+        self._lock = threading.Lock()
+        self._services: list[dict[str, Any]] = []
+        self._monitors: list[dict[str, Any]] = []
+
+    def current(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(Services, ServiceMonitors)."""
+        with self._lock:
+            return list(self._services), list(self._monitors)
+
+    def observe(self, services: list[dict[str, Any]], monitors: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._services, self._monitors = services, monitors
+        if self.networking is not None:
+            self.networking.observe_services(services)
+
+    def watch_forever(self, stopping: threading.Event) -> None:
+        if self.api is None:
+            return
+        served = False
+        while not stopping.is_set():
+            try:
+                monitors = self.api.list_service_monitors()
+                if (monitors is not None) != served:
+                    served = monitors is not None
+                    log.info("the ServiceMonitor CRD is %s", "served" if served else "not served")
+                self.observe(self.api.list_all_services(), monitors or [])
+            except Exception as error:  # the API server may be briefly away
+                log.warning("listing Services and ServiceMonitors failed: %s", error)
+            stopping.wait(SERVICES_REFRESH_SECONDS)
 
 
 # --- Local resources: ports and scrape target files ----------------------------------------
@@ -596,6 +659,7 @@ class PodWorker(threading.Thread):
         images: Mapping[str, ImageEntry] | None = None,
         service_env: Mapping[str, str] | None = None,
         networking: Networking | None = None,
+        directory: ServiceDirectory | None = None,
     ) -> None:
         super().__init__(name=f"pod {pod_key(pod)}", daemon=True)
         self.api = api
@@ -607,6 +671,7 @@ class PodWorker(threading.Thread):
         self.images = images or {}
         self.service_env = dict(service_env or {})
         self.networking = networking
+        self.directory = directory or ServiceDirectory()
         self.folder = pods_dir / pod_folder_name(pod)
         self.volumes = PodVolumes(self.folder)
         self._pod = pod
@@ -1042,14 +1107,35 @@ class PodWorker(threading.Thread):
         owned = self._owned_status()
         groups: list[dict[str, Any]] = []
         if owned["phase"] == "Running":
-            groups = build_scrape_target_groups(
-                pod, {run.spec["name"]: run.port for run in self._runs}, self.monitors.current()
+            services, service_monitors = self.directory.current()
+            by_services = service_monitor_target_groups(
+                pod, service_monitors, services, self._local_port
             )
+            pod_monitors = self.monitors.current()
+            by_pod = build_scrape_target_groups(
+                pod, {run.spec["name"]: run.port for run in self._runs}, pod_monitors
+            )
+            # Scrape annotations count only where no monitor selects the pod.
+            if by_services and not any(pod_monitor_selects(m, pod) for m in pod_monitors):
+                by_pod = []
+            groups = by_pod + by_services
         if groups:
             self.targets.write(pod, groups)
         else:
             self.targets.remove(pod)
         self._write_status(owned)
+
+    def _local_port(self, container: Container, port: Mapping[str, Any]) -> int | None:
+        """The local port standing in for a container port: any declared port of a container
+        with a network of its own, only the first of one on the host's network."""
+        for run in self._runs:
+            if run.spec["name"] != container["name"]:
+                continue
+            if run.host_ports:
+                return run.host_ports.get(int(port["containerPort"]))
+            first = (run.spec.get("ports") or [{}])[0]
+            return run.port if first.get("containerPort") == port.get("containerPort") else None
+        return None
 
     def _owned_status(self) -> dict[str, Any]:
         records = [run.record for run in self._runs]
@@ -1228,8 +1314,10 @@ class ProcessKubelet:
         images: Mapping[str, ImageEntry] | None = None,
         service_env: Mapping[str, str] | None = None,
         networking: Networking | None = None,
+        directory: ServiceDirectory | None = None,
     ) -> None:
         self.api = api
+        self.directory = directory or ServiceDirectory()
         self.images = dict(images or {})
         self.service_env = dict(service_env or {})
         self.networking = networking
@@ -1273,6 +1361,7 @@ class ProcessKubelet:
                     images=self.images,
                     service_env=self.service_env,
                     networking=self.networking,
+                    directory=self.directory,
                 )
                 self.workers[uid] = worker
                 worker.start()
@@ -1379,6 +1468,7 @@ def main(argv: list[str] | None = None) -> int:
         images=read_image_map(args.image_map),
         service_env=kubernetes_service_env(str(api_client.configuration.host)),
         networking=networking,
+        directory=ServiceDirectory(api, networking),
     )
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -1397,8 +1487,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     monitor_watcher.start()
     service_watcher = threading.Thread(
-        target=networking.watch_services,
-        args=(api.list_all_services, kubelet.stopping),
+        target=kubelet.directory.watch_forever,
+        args=(kubelet.stopping,),
         name="Service list",
         daemon=True,
     )

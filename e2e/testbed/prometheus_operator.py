@@ -47,26 +47,42 @@ def pinned_version() -> str:
     return (pod_monitor_crd_folder() / "version").read_text().strip()
 
 
-def pod_monitor_crd() -> dict[str, Any]:
-    """The PodMonitor CustomResourceDefinition of the pinned release."""
-    text = (pod_monitor_crd_folder() / POD_MONITOR_CRD_FILE).read_text()
-    [crd] = [doc for doc in yaml.safe_load_all(text) if doc]
-    if crd.get("kind") != "CustomResourceDefinition" or crd["metadata"]["name"] != (
-        POD_MONITOR_CRD_NAME
-    ):
-        raise RuntimeError(f"{POD_MONITOR_CRD_FILE} is not the PodMonitor CRD")
+def monitor_crd(plural: str = "podmonitors") -> dict[str, Any]:
+    """The CustomResourceDefinition of `podmonitors` or `servicemonitors` of the pinned
+    release."""
+    name = f"{plural}.monitoring.coreos.com"
+    path = pod_monitor_crd_folder() / f"monitoring.coreos.com_{plural}.yaml"
+    if not path.exists():
+        raise RuntimeError(f"{path} is missing: run `make prometheus-operator-crd`")
+    [crd] = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    if crd.get("kind") != "CustomResourceDefinition" or crd["metadata"]["name"] != name:
+        raise RuntimeError(f"{path.name} is not the {name} CRD")
     found: dict[str, Any] = crd
     return found
+
+
+def pod_monitor_crd() -> dict[str, Any]:
+    """The PodMonitor CustomResourceDefinition of the pinned release."""
+    return monitor_crd("podmonitors")
 
 
 @contextlib.contextmanager
 def served_pod_monitor_crd(kubectl: Kubectl, timeout: float = 60.0) -> Iterator[dict[str, Any]]:
     """The real PodMonitor CRD installed (server-side apply: it is large), established and in
     discovery while the block runs; deleted afterwards unless it was there before."""
-    crd = pod_monitor_crd()
-    there_before = (
-        kubectl.run("get", "crd", POD_MONITOR_CRD_NAME, "-o", "name", check=False).returncode == 0
-    )
+    with served_monitor_crd(kubectl, "podmonitors", timeout) as crd:
+        yield crd
+
+
+@contextlib.contextmanager
+def served_monitor_crd(
+    kubectl: Kubectl, plural: str, timeout: float = 60.0
+) -> Iterator[dict[str, Any]]:
+    """The real CRD of `podmonitors` or `servicemonitors` installed, established and in
+    discovery while the block runs; deleted afterwards unless it was there before."""
+    crd = monitor_crd(plural)
+    crd_name = crd["metadata"]["name"]
+    there_before = kubectl.run("get", "crd", crd_name, "-o", "name", check=False).returncode == 0
     if not there_before:
         kubectl.apply([crd])
     try:
@@ -77,7 +93,7 @@ def served_pod_monitor_crd(kubectl: Kubectl, timeout: float = 60.0) -> Iterator[
                 kubectl.run(
                     "wait",
                     "--for=condition=Established",
-                    f"crd/{POD_MONITOR_CRD_NAME}",
+                    f"crd/{crd_name}",
                     f"--timeout={int(timeout)}s",
                     check=False,
                     timeout=timeout + 10,
@@ -85,18 +101,18 @@ def served_pod_monitor_crd(kubectl: Kubectl, timeout: float = 60.0) -> Iterator[
                 == 0
             ),
             timeout,
-            f"{POD_MONITOR_CRD_NAME} Established",
+            f"{crd_name} Established",
         )
         # kubectl caches discovery; listing the group refreshes it.
         eventually(
             lambda: (
-                "podmonitors"
+                plural
                 in kubectl.run(
                     "api-resources", "--api-group=monitoring.coreos.com", check=False
                 ).stdout
             ),
             timeout,
-            "the PodMonitor kind in discovery",
+            f"{plural} in discovery",
         )
         yield crd
     finally:
@@ -105,7 +121,7 @@ def served_pod_monitor_crd(kubectl: Kubectl, timeout: float = 60.0) -> Iterator[
             kubectl.run(
                 "delete",
                 "crd",
-                POD_MONITOR_CRD_NAME,
+                crd_name,
                 f"--timeout={int(timeout)}s",
                 check=False,
                 timeout=timeout + 10,
