@@ -206,3 +206,68 @@ def service_account_operator(
     config["livenessEndpoint"] = f"http://127.0.0.1:{probe_port}{probe_path or '/healthz'}"
     config["metricsEndpoint"] = f"http://127.0.0.1:{metrics_port}/metrics"
     return ServiceAccountOperator(kubeconfig, chart_config, config)
+
+
+# --- the operator as the chart's own pods on the test bed -----------------------------------
+
+#: What the chart's pods carry on the test bed so that its process kubelet, not KWOK, runs them.
+LOCAL_PROCESS = {"specdeploy.dev/local-process": "true"}
+
+
+def local_process_values() -> dict[str, Any]:
+    """Chart values that put the operator's pods and `helm test`'s pod on the process kubelet
+    (nothing else of the chart changes)."""
+    return {"podAnnotations": LOCAL_PROCESS, "test": {"podAnnotations": LOCAL_PROCESS}}
+
+
+@dataclass(frozen=True)
+class ChartOperator:
+    """The operator pods of an installed release, as the test bed's process kubelet runs them."""
+
+    cluster: ClusterEnv
+    release: str
+    namespace: str
+    lease: str = "specdeploy-operator"
+
+    def pods(self) -> list[dict[str, Any]]:
+        """The release's operator pods that are not being deleted."""
+        selector = f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component=operator"
+        found = self.cluster.kubectl().get_json("pods", "-n", self.namespace, "-l", selector)
+        return [p for p in found["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def ready_pods(self, count: int) -> list[str] | None:
+        """The names of exactly `count` operator pods, all Ready; None otherwise."""
+        pods = self.pods()
+        ready = sorted(p["metadata"]["name"] for p in pods if pod_is_ready(p))
+        return ready if len(ready) == count == len(pods) else None
+
+    def leader(self) -> str | None:
+        """The holder of the release's Lease (a pod name), None when nobody holds it."""
+        done = self.cluster.kubectl().run(
+            "get", "lease", self.lease, "-n", self.namespace, "-o", "json", check=False
+        )
+        if done.returncode != 0:
+            return None
+        holder: str | None = (json.loads(done.stdout).get("spec") or {}).get("holderIdentity")
+        return holder
+
+    def log_paths(self) -> list[Path]:
+        """The operator containers' logs in the process kubelet's pod folders."""
+        folder = Path(self.cluster.run_dir) / "process-kubelet" / "pods"
+        return sorted(folder.glob(f"{self.namespace}_{self.release}-*/operator.log"))
+
+    def log_text(self) -> str:
+        """Every operator pod's log, one after the other (the leader's holds the reconciles)."""
+        return "\n".join(path.read_text(errors="replace") for path in self.log_paths())
+
+    def log_tail(self, chars: int = 4000) -> str:
+        """The last `chars` of every operator pod's log, each under its pod folder's name."""
+        return "\n".join(
+            f"--- {path.parent.name}/{path.name}\n{path.read_text(errors='replace')[-chars:]}"
+            for path in self.log_paths()
+        )
+
+
+def pod_is_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)

@@ -24,7 +24,14 @@ from typing import Any
 
 import pytest
 
-from chart_harness import CHART, Helm, install, set_values
+from chart_harness import (
+    CHART,
+    ChartOperator,
+    Helm,
+    install,
+    local_process_values,
+    set_values,
+)
 from engine_cluster import apply_crds, condition, get_sd, kwok_operator_config, prometheus_value
 from sd_bodies import llama_8b
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
@@ -32,8 +39,6 @@ from testbed.prometheus_operator import served_monitor_crd
 
 pytestmark = pytest.mark.e2e
 
-LOCAL_PROCESS = {"specdeploy.dev/local-process": "true"}
-LEASE = "specdeploy-operator"
 NAME_LABEL = "specdeploy.dev/name"
 
 
@@ -49,33 +54,6 @@ def release(helm: Helm, namespace: str) -> Iterator[str]:
         yield name
     finally:
         helm.run("uninstall", name, "-n", namespace, "--wait", check=False)
-
-
-def operator_pods(kubectl: Kubectl, namespace: str, release: str) -> list[dict[str, Any]]:
-    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
-    pods: list[dict[str, Any]] = kubectl.get_json("pods", "-n", namespace, "-l", selector)["items"]
-    return [pod for pod in pods if not pod["metadata"].get("deletionTimestamp")]
-
-
-def ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def two_ready_pods(kubectl: Kubectl, namespace: str, release: str) -> list[str] | None:
-    pods = operator_pods(kubectl, namespace, release)
-    names = sorted(p["metadata"]["name"] for p in pods if ready(p))
-    return names if len(names) == 2 and len(pods) == 2 else None
-
-
-def lease_holder(kubectl: Kubectl, namespace: str) -> str | None:
-    found = kubectl.run("get", "lease", LEASE, "-n", namespace, "-o", "json", check=False)
-    if found.returncode != 0:
-        return None
-    import json  # noqa: PLC0415
-
-    holder: str | None = (json.loads(found.stdout).get("spec") or {}).get("holderIdentity")
-    return holder
 
 
 def serving_revision(kubectl: Kubectl, namespace: str, name: str) -> str | None:
@@ -100,14 +78,11 @@ def container_pid(pod: dict[str, Any]) -> int:
     return int(status["containerID"].removeprefix("process://"))
 
 
-def describe(kubectl: Kubectl, namespace: str, cluster: ClusterEnv) -> str:
+def describe(kubectl: Kubectl, operator: ChartOperator) -> str:
     """What to look at when the release does not come up: its pods and their logs."""
+    namespace = operator.namespace
     pods = kubectl.run("get", "pods,lease", "-n", namespace, "-o", "wide", check=False).stdout
-    logs = []
-    folder = Path(cluster.run_dir) / "process-kubelet" / "pods"
-    for log in sorted(folder.glob(f"{namespace}_*/*.log")):
-        logs.append(f"--- {log.parent.name}/{log.name}\n{log.read_text(errors='replace')[-3000:]}")
-    return pods + "\n".join(logs)
+    return pods + operator.log_tail(3000)
 
 
 @pytest.mark.usefixtures("sd_crd")
@@ -122,10 +97,10 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
     }
     values = {
         "config": config,
-        "podAnnotations": LOCAL_PROCESS,
-        "test": {"podAnnotations": LOCAL_PROCESS},
+        **local_process_values(),
         "serviceMonitor": {"enabled": True, "interval": "2s"},
     }
+    operator = ChartOperator(cluster, release, namespace)
     with contextlib.ExitStack() as stack:
         stack.callback(kubectl.run, "delete", "namespace", watched, "--wait=false", check=False)
         stack.enter_context(served_monitor_crd(kubectl, "servicemonitors"))
@@ -133,13 +108,13 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
         install(helm, release, namespace, *set_values(values))
         try:
             first, second = eventually(
-                lambda: two_ready_pods(kubectl, namespace, release),
+                lambda: operator.ready_pods(2),
                 120,
                 "two operator pods Running and Ready",
             )
-            leader = eventually(lambda: lease_holder(kubectl, namespace), 60, "a Lease holder")
+            leader = eventually(operator.leader, 60, "a Lease holder")
         except (AssertionError, TimeoutError):
-            print(describe(kubectl, namespace, cluster))
+            print(describe(kubectl, operator))
             raise
         assert leader in (first, second)
         standby = second if leader == first else first
@@ -178,25 +153,21 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
 
         # The leader's process killed: no clean release of the Lease; the standby takes it
         # once it has not been renewed for leaseDurationSeconds, and reconciles from then on.
-        (leader_pod,) = [
-            p for p in operator_pods(kubectl, namespace, release) if p["metadata"]["name"] == leader
-        ]
+        (leader_pod,) = [p for p in operator.pods() if p["metadata"]["name"] == leader]
         os.kill(container_pid(leader_pod), signal.SIGKILL)
-        eventually(
-            lambda: lease_holder(kubectl, namespace) == standby, 90, f"{standby} holding the Lease"
-        )
+        eventually(lambda: operator.leader() == standby, 90, f"{standby} holding the Lease")
         kubectl.apply([llama_8b("chat", watched, draft_revision="eagle3-r2")])
         new_revision = eventually(
             lambda: (r := serving_revision(kubectl, watched, "chat")) != revision and r,
             120,
             "the new revision rolled out by the new leader",
         )
-        assert lease_holder(kubectl, namespace) == standby
+        assert operator.leader() == standby
         serving_pods = engine_pod_uids(kubectl, watched, "chat")
         assert serving_pods
 
         # helm upgrade with a changed value: new operator pods, the SD's pods untouched.
-        before = {p["metadata"]["uid"] for p in operator_pods(kubectl, namespace, release)}
+        before = {p["metadata"]["uid"] for p in operator.pods()}
         helm.run(
             "upgrade",
             release,
@@ -207,8 +178,8 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
         )
 
         def rolled() -> list[str] | None:
-            names = two_ready_pods(kubectl, namespace, release)
-            uids = {p["metadata"]["uid"] for p in operator_pods(kubectl, namespace, release)}
+            names = operator.ready_pods(2)
+            uids = {p["metadata"]["uid"] for p in operator.pods()}
             return names if names and not (uids & before) else None
 
         eventually(rolled, 180, "two new operator pods Ready after the upgrade")
@@ -217,9 +188,7 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
 
         # helm uninstall: the operator goes, the CRD (keep policy), the SD and its pods stay.
         helm.run("uninstall", release, "-n", namespace, "--wait")
-        eventually(
-            lambda: not operator_pods(kubectl, namespace, release), 60, "the operator pods gone"
-        )
+        eventually(lambda: not operator.pods(), 60, "the operator pods gone")
         assert kubectl.run("get", "crd", "speculativedeployments.specdeploy.dev").returncode == 0
         assert serving_revision(kubectl, watched, "chat") == new_revision
         assert engine_pod_uids(kubectl, watched, "chat") == serving_pods

@@ -6,9 +6,10 @@ rolling a bad draft back by its measured acceptance, and falling back when accep
     KEEP=1 make demo   # leaves the cluster, the release, the operator and the pair running
 
 Steps: start (or reuse) the local test-bed cluster; write the tiny models; install the Helm
-chart (its CRD, ServiceAccount, RBAC and config) into `specdeploy-system`, and start the operator
-out of cluster with a token of the chart's ServiceAccount and the chart's config (local-process
-engines) watching the namespace `specdeploy-demo`; apply the tiny target with its
+chart into `specdeploy-system`: its CRD, RBAC, config and its operator Deployment, whose two pods
+the test bed's process kubelet runs from the operator image's entry point (one holds the Lease
+and reconciles, with the chart's ServiceAccount token and ConfigMap, in-cluster; local-process
+engines; watching the namespace `specdeploy-demo`), and `helm test`; apply the tiny target with its
 good draft (`draft-small`) and wait for Ready; send a completion and read the acceptance rate
 from Prometheus; then point the same SpeculativeDeployment at a draft trained for another
 target and show it refused (PairCompatible=False, a Warning Event) while the good pair keeps
@@ -22,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -34,12 +34,12 @@ sys.path[:0] = [str(REPO / "e2e"), str(REPO / "operator")]
 
 from chart_harness import (  # noqa: E402
     CHART,
+    ChartOperator,
     Helm,
-    service_account_operator,
+    local_process_values,
     set_values,
 )
 from engine_cluster import (  # noqa: E402
-    OperatorProcess,
     complete,
     condition,
     engine_url,
@@ -158,20 +158,6 @@ def refuse_a_second_operator() -> None:
             )
 
 
-def stop_previous_demo_operator() -> None:
-    """A KEEP=1 run left its operator running: stop it (and only it) before starting anew."""
-    pid_file = RUN / "operator.pid"
-    if not pid_file.exists():
-        return
-    pid = int(pid_file.read_text().strip() or 0)
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if pid and cmdline.exists() and b"specdeploy.cli\0operator\0run" in cmdline.read_bytes():
-        say(f"stopping the operator a previous KEEP=1 demo left running (pid {pid})")
-        os.kill(pid, signal.SIGINT)
-        eventually(lambda: not alive(pid), 30, f"operator pid {pid} to stop")
-    pid_file.unlink(missing_ok=True)
-
-
 # What a wait that runs out prints after its message (set once the operator runs): the status
 # the operator wrote, what it last measured and what Prometheus holds, so a failure explains itself.
 _explain_timeout: list[Callable[[], str]] = []
@@ -192,7 +178,7 @@ def acceptance(prometheus_url: str, revision: str) -> tuple[float, float]:
     return accepted, draft
 
 
-def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
+def run(env: ClusterEnv, kubectl: Kubectl, operator: ChartOperator) -> None:
     with step("Tiny models (written on disk, never downloaded)"):
         python = engine_python_path()
         models = build_tiny_models(python)
@@ -201,28 +187,19 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
         say(f"good draft ({GOOD_DRAFT}): {models[GOOD_DRAFT]}")
         say(f"mismatched draft ({BAD_DRAFT}): {models[BAD_DRAFT]}")
 
-    with step(f"The Helm chart: CRD, ServiceAccount, RBAC for {NAMESPACE}, config"):
+    with step(f"The Helm chart: CRD, RBAC for {NAMESPACE}, config, the operator's Deployment"):
         refuse_a_second_operator()
-        stop_previous_demo_operator()
         create_namespace_with_queues(kubectl, NAMESPACE)
         install_chart(env, kubectl, str(python))
 
-    with step("The operator as the chart's ServiceAccount (local-process engines)"):
-        # Out of cluster, as the release's pod would run it: a token of its ServiceAccount is
-        # the only credential, so every call goes through the chart's RBAC.
-        as_service_account = service_account_operator(
-            env, RELEASE_NAMESPACE, FULLNAME, RUN, token_duration="24h"
-        )
-        operator.kubeconfig = str(as_service_account.kubeconfig)
-        operator.config = as_service_account.config
-        operator.log_path.unlink(missing_ok=True)
-        operator.start()
-        assert operator.process is not None
-        (RUN / "operator.pid").write_text(f"{operator.process.pid}\n")
-        say(f"operator pid {operator.process.pid}, log {operator.log_path}")
-        say(f"credential: a token of ServiceAccount {RELEASE_NAMESPACE}/{FULLNAME}")
-        say(f"  in {as_service_account.kubeconfig}")
-        say(f"config: ConfigMap {RELEASE_NAMESPACE}/{FULLNAME} (probe and metrics on loopback)")
+    with step("The operator as the chart's two pods: one leads, one stands by"):
+        pods = wait_for(lambda: operator.ready_pods(2), 180, "two operator pods Ready")
+        leader = wait_for(operator.leader, 60, "a holder of the Lease")
+        show(kubectl, "get", "pods,lease", "-n", RELEASE_NAMESPACE, "-o", "wide")
+        say(f"leader {leader}; standby {next(p for p in pods if p != leader)}")
+        say("each pod: the operator image's entry point (`specdeploy operator run --config")
+        say("/etc/specdeploy/config.yaml`), the ConfigMap mounted there, the ServiceAccount's")
+        say("token at /var/run/secrets/kubernetes.io/serviceaccount: in-cluster configuration")
         say(f"engine command: {python} -m specdeploy.engine serve -- <vllm args>")
         show_grants(kubectl)
         _explain_timeout.append(
@@ -230,6 +207,10 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: OperatorProcess) -> None:
                 kubectl, env.prometheus_url, operator.log_text(), NAMESPACE, SD
             )
         )
+        print(f"    $ helm test {RELEASE} -n {RELEASE_NAMESPACE}", flush=True)
+        tested = helm_for(env).run("test", RELEASE, "-n", RELEASE_NAMESPACE, timeout=180)
+        for line in tested.stdout.strip().splitlines()[:8]:
+            print(f"      {line}")
 
     with step(f"Apply the pair: tiny target + {GOOD_DRAFT} (draft_model, 3 speculative tokens)"):
         kubectl.apply([demo_sd(models, GOOD_DRAFT, "1.0-small")])
@@ -397,22 +378,23 @@ def helm_for(env: ClusterEnv) -> Helm:
 
 
 def install_chart(env: ClusterEnv, kubectl: Kubectl, engine_python: str) -> None:
-    """`helm upgrade --install` of charts/specdeploy with the demo's operator config, and the
-    chart's own operator Deployment scaled to zero: its image is not built on the test bed, and
-    the operator runs out of cluster here, under the same ServiceAccount."""
+    """`helm upgrade --install` of charts/specdeploy with the demo's operator config; its pods
+    (and `helm test`'s) annotated for the test bed's process kubelet, which runs them."""
     config = {**operator_config(engine_python, env.prometheus_url), "namespaces": [NAMESPACE]}
     args = ["upgrade", "--install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE]
     # --take-ownership: a CRD applied earlier with kubectl (the e2e suites do) joins the release.
     args += ["--create-namespace", "--take-ownership"]
-    print(f"    $ helm {' '.join(args)} --set-json config=<the demo's>", flush=True)
-    args += set_values({"config": config})
+    print(
+        f"    $ helm {' '.join(args)} --set-json config=<the demo's> "
+        "--set-json podAnnotations=<the process kubelet's>",
+        flush=True,
+    )
+    args += set_values({"config": config, **local_process_values()})
     out = helm_for(env).run(*args)
     for line in out.stdout.strip().splitlines()[:6]:
         print(f"      {line}")
-    kubectl.run("scale", "deployment", FULLNAME, "-n", RELEASE_NAMESPACE, "--replicas=0")
-    say("the chart's operator Deployment scaled to 0 (no operator image on the test bed)")
     show(kubectl, "get", "crd", "speculativedeployments.specdeploy.dev")
-    show(kubectl, "get", "serviceaccount,configmap,role,rolebinding", "-n", RELEASE_NAMESPACE)
+    show(kubectl, "get", "deployment,serviceaccount,configmap,role", "-n", RELEASE_NAMESPACE)
     show(kubectl, "get", "role,rolebinding", "-n", NAMESPACE)
 
 
@@ -433,7 +415,7 @@ def where_to_look_next(env: ClusterEnv | None, kept: bool) -> None:
         say(f"kubectl describe sd {SD} -n {NAMESPACE}      # conditions and the rollout Events")
         say(f"helm list -n {RELEASE_NAMESPACE}                # the release the CRD/RBAC came from")
         say(f"Prometheus {env.prometheus_url}: vllm:spec_decode_num_accepted_tokens_total")
-        say(f"operator log: {RUN / 'operator.log'}")
+        say(f"operator logs: {env.run_dir}/process-kubelet/pods/{RELEASE_NAMESPACE}_*/operator.log")
     else:
         say("KEEP=1 make demo leaves the cluster, the release and the pair running to look at")
     say("specdeploy render -f examples/llama-8b-eagle3-mig.yaml   # a CR's objects, no cluster")
@@ -451,7 +433,7 @@ def main() -> int:
     began = time.monotonic()
     RUN.mkdir(parents=True, exist_ok=True)
     started_cluster = False
-    operator: OperatorProcess | None = None
+    operator: ChartOperator | None = None
     env: ClusterEnv | None = None
     failure: str | None = None
     try:
@@ -460,7 +442,7 @@ def main() -> int:
             say(f"{'started' if started_cluster else 'reusing'}: KUBECONFIG={env.kubeconfig}")
             say(f"Prometheus {env.prometheus_url}")
         kubectl = env.kubectl()
-        operator = OperatorProcess(env.kubeconfig, {}, RUN, (NAMESPACE,))
+        operator = ChartOperator(env, RELEASE, RELEASE_NAMESPACE)
         run(env, kubectl, operator)
     except StepFailedError as error:
         failure = str(error)
@@ -470,32 +452,30 @@ def main() -> int:
         failure = "interrupted"
 
     if failure and operator is not None:
-        print(f"\n--- operator log (last lines of {operator.log_path}) ---")
+        print("\n--- the operator pods' logs (last lines) ---")
         print(operator.log_tail(4000))
 
     if KEEP and not failure:
         header("KEEP=1: left running")
         assert env is not None
-        if operator is not None and operator.process is not None:
-            say(f"operator pid {operator.process.pid} (stop: kill -INT {operator.process.pid})")
-        say(f"the release: helm uninstall {RELEASE} -n {RELEASE_NAMESPACE}")
+        say("the operator: the release's two pods")
+        say(f"  stop them with the release: helm uninstall {RELEASE} -n {RELEASE_NAMESPACE}")
         say("the cluster: make cluster-down")
     else:
         header("Clean up: what the demo started")
-        if env is not None and operator is not None and operator.process is not None:
+        if env is not None and operator is not None:
+            # While the operator's pods run, so that the SD's engines stop with their pods.
             done = env.kubectl().run(
                 "delete", "sd", "--all", "-n", NAMESPACE, "--timeout=90s", check=False
             )
             say(done.stdout.strip() or done.stderr.strip())
-            operator.stop()
-            (RUN / "operator.pid").unlink(missing_ok=True)
-            say("operator stopped")
             env.kubectl().run("delete", "namespace", NAMESPACE, "--wait=false", check=False)
             say(f"namespace {NAMESPACE} deleted")
         if env is not None and not started_cluster:
-            helm_for(env).run("uninstall", RELEASE, "-n", RELEASE_NAMESPACE, check=False)
+            helm_for(env).run("uninstall", RELEASE, "-n", RELEASE_NAMESPACE, "--wait", check=False)
             env.kubectl().run("delete", "namespace", RELEASE_NAMESPACE, "--wait=false", check=False)
-            say(f"release {RELEASE} uninstalled (its CRD stays: helm.sh/resource-policy keep)")
+            say(f"release {RELEASE} uninstalled, its operator pods with it (its CRD stays:")
+            say("helm.sh/resource-policy keep)")
         if started_cluster:
             down(log=say)
             say("cluster stopped")
