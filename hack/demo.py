@@ -389,7 +389,8 @@ def install_chart(env: ClusterEnv, kubectl: Kubectl, engine_python: str) -> None
         "--set-json podAnnotations=<the process kubelet's>",
         flush=True,
     )
-    args += set_values({"config": config, **local_process_values()})
+    # --log-reconciles: a wait that runs out prints the last measurement the leader logged.
+    args += set_values({"config": config, "logReconciles": True, **local_process_values()})
     out = helm_for(env).run(*args)
     for line in out.stdout.strip().splitlines()[:6]:
         print(f"      {line}")
