@@ -81,6 +81,10 @@ dockerfile-lint: venv ## hadolint on every Dockerfile (images/*/Dockerfile), the
 tools: ## Build the pinned control-plane binaries into the cache (no-op when cached)
 	bash hack/build-testbed-tools.sh
 
+.PHONY: helm3
+helm3: ## Build helm v3 from its pinned Go module into the cache (the chart's e2e test runs under Helm 3 and 4)
+	bash hack/build-helm3.sh >/dev/null
+
 .PHONY: prometheus-operator-crd
 prometheus-operator-crd: ## Fetch the Prometheus Operator's PodMonitor CRD (pinned release) into the cache
 	bash hack/fetch-prometheus-operator-crd.sh >/dev/null
@@ -121,7 +125,7 @@ operator-down: ## Stop the background operator
 	@if [ -f $(OPERATOR_PID) ]; then kill "$$(cat $(OPERATOR_PID))" 2>/dev/null || true; rm -f $(OPERATOR_PID); fi
 
 .PHONY: e2e
-e2e: venv tools system-deps engine-venv prometheus-operator-crd operator-image ## End-to-end tests against the local cluster (never skipped; the CPU engine image's are in make images)
+e2e: venv tools system-deps engine-venv prometheus-operator-crd operator-image helm3 ## End-to-end tests against the local cluster (never skipped; the CPU engine image's are in make images)
 	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m 'e2e and not engine_image' --durations=25
 
 .PHONY: soak
@@ -180,7 +184,7 @@ bench: venv tools system-deps engine-venv ## Every benchmark (not in CI), then t
 # machine the engine's install and the Debian packages beside them. e2e runs alone after them:
 # its real engines are pinned one to a core, and anything beside them slows their steps.
 test: ## Everything: lint, unit, the chart and end-to-end
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit chart-lint system-deps engine-venv prometheus-operator-crd operator-image
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit chart-lint system-deps engine-venv prometheus-operator-crd operator-image helm3
 	$(MAKE) --no-print-directory e2e
 
 .PHONY: clean

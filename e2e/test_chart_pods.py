@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,9 +43,29 @@ pytestmark = pytest.mark.e2e
 NAME_LABEL = "specdeploy.dev/name"
 
 
+HELM3_SCRIPT = Path(__file__).resolve().parent.parent / "hack" / "build-helm3.sh"
+
+
 @pytest.fixture(scope="module")
 def helm(cluster: ClusterEnv) -> Helm:
     return Helm(Path(cluster.bin_dir) / "helm", Path(cluster.kubeconfig))
+
+
+@pytest.fixture(scope="module", params=["4", "3"], ids=["helm4", "helm3"])
+def any_helm(request: pytest.FixtureRequest, cluster: ClusterEnv, helm: Helm) -> Helm:
+    """Each Helm major users run: the test bed's Helm 4, and Helm 3 (hack/build-helm3.sh,
+    built when missing)."""
+    chosen = helm
+    if request.param == "3":
+        built = subprocess.run(
+            ["bash", str(HELM3_SCRIPT)], capture_output=True, text=True, check=False, timeout=1800
+        )
+        if built.returncode != 0:
+            raise RuntimeError(f"helm 3 could not be built: {built.stderr[-2000:]}")
+        chosen = Helm(Path(built.stdout.strip().splitlines()[-1]), Path(cluster.kubeconfig))
+    version = chosen.run("version", "--short").stdout.strip()
+    assert version.startswith(f"v{request.param}."), version
+    return chosen
 
 
 @pytest.fixture
@@ -87,8 +108,9 @@ def describe(kubectl: Kubectl, operator: ChartOperator) -> str:
 
 @pytest.mark.usefixtures("sd_crd")
 def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgrade_and_uninstall(
-    cluster: ClusterEnv, helm: Helm, kubectl: Kubectl, namespace: str, release: str
+    cluster: ClusterEnv, any_helm: Helm, kubectl: Kubectl, namespace: str, release: str
 ) -> None:
+    helm = any_helm
     watched = f"{namespace}-sds"[:63]
     create_namespace_with_queues(kubectl, watched)
     config = {

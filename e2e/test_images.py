@@ -134,9 +134,9 @@ def test_engine_cpu_image_checks_the_pair_and_serves_a_completion(engine_cpu_ima
         "--max-model-len",
         "512",
     ]
-    run = ["run", "--rm", "--network", "host", "-v", f"{folder}:{MODELS_IN_CONTAINER}:ro"]
+    run = ["run", "--network", "host", "-v", f"{folder}:{MODELS_IN_CONTAINER}:ro"]
     run += ["-e", "VLLM_CPU_KVCACHE_SPACE=1", "-e", "HF_HUB_OFFLINE=1"]
-    checked = podman(*run, engine_cpu_image, "check", "--", *vllm_args, check=False)
+    checked = podman(*run, "--rm", engine_cpu_image, "check", "--", *vllm_args, check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     results = json.loads(checked.stdout)
     assert results, checked.stdout
@@ -149,7 +149,12 @@ def test_engine_cpu_image_checks_the_pair_and_serves_a_completion(engine_cpu_ima
         deadline = time.monotonic() + 420
         while not _health(port):
             state = podman("inspect", "--format", "{{.State.Status}}", name, check=False)
-            assert state.stdout.strip() == "running", podman("logs", name, check=False).stderr
+            if state.stdout.strip() != "running":
+                logs = podman("logs", name, check=False)
+                raise AssertionError(
+                    f"the engine container {state.stdout.strip()}:\n"
+                    f"{(logs.stdout + logs.stderr)[-4000:]}"
+                )
             assert time.monotonic() < deadline, "no /health after 420 s"
             time.sleep(2)
         user = podman("exec", name, "id", "-u").stdout.strip()
