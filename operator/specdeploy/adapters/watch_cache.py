@@ -39,29 +39,33 @@ def strip(
     keep: frozenset[str] | None = None,
     keep_spec: frozenset[str] | None = None,
 ) -> Obj:
-    """A copy of `obj` without the fields the reconcile never reads and that make up most of
-    an object's size (managedFields and last-applied annotations); with `keep`, only those
-    top-level fields (a CRD's schema is never read, only its status), with `keep_spec` only
-    those fields of its spec (of a pod, the reconcile reads its scheduling gates only)."""
-    stripped = copy.deepcopy(
-        {
-            k: (
-                {f: x for f, x in v.items() if f in keep_spec}
-                if k == "spec" and keep_spec and isinstance(v, Mapping)
-                else v
-            )
-            for k, v in obj.items()
-            if keep is None or k in keep
-        }
-    )
-    metadata = stripped.get("metadata")
-    if isinstance(metadata, dict):
-        metadata.pop("managedFields", None)
-        annotations = metadata.get("annotations")
-        if isinstance(annotations, dict):
-            for key in DROPPED_ANNOTATIONS & annotations.keys():
-                del annotations[key]
+    """`obj` without the fields the reconcile never reads and that make up most of an object's
+    size (managedFields and last-applied annotations); with `keep`, only those top-level fields
+    (a CRD's schema is never read, only its status), with `keep_spec` only those fields of its
+    spec (of a pod, the reconcile reads its scheduling gates only).
+
+    The result shares what it keeps with `obj` (a watch event's or an API answer's parsed
+    JSON, which nothing changes afterwards) rather than copying it: copying every event of
+    every kind was a large part of the operator's CPU. The store hands out copies."""
+    stripped: Obj = {}
+    for key, value in obj.items():
+        if keep is not None and key not in keep:
+            continue
+        if key == "spec" and keep_spec and isinstance(value, Mapping):
+            stripped[key] = {field: x for field, x in value.items() if field in keep_spec}
+        elif key == "metadata" and isinstance(value, Mapping):
+            stripped[key] = _stripped_metadata(value)
+        else:
+            stripped[key] = value
     return stripped
+
+
+def _stripped_metadata(metadata: Mapping[str, Any]) -> Obj:
+    kept = {field: x for field, x in metadata.items() if field != "managedFields"}
+    annotations = kept.get("annotations")
+    if isinstance(annotations, Mapping) and DROPPED_ANNOTATIONS & annotations.keys():
+        kept["annotations"] = {k: v for k, v in annotations.items() if k not in DROPPED_ANNOTATIONS}
+    return kept
 
 
 def _key(obj: Mapping[str, Any]) -> Key:

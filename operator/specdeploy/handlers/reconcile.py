@@ -270,15 +270,18 @@ class Reconciler:
         return base64.b64decode(data[ref.key]).decode() if ref.key in data else None
 
     def apply(self, body: Mapping[str, Any], decision: Decision) -> None:
-        """Sends the decision's writes in order, then its Events."""
+        """Sends the decision's writes, then hands its Events to the poster."""
         metadata = body.get("metadata") or {}
         namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
         for record_name in decision.replace_records:
             self.kube.delete(RECORD_API_VERSION, RECORD_KIND, namespace, record_name)
-        for record in decision.create_records:
-            self.kube.create(record)
+        # The Deployments before their records: a new revision's pods start one request
+        # sooner, and a record missing after a crash between the two is made by the next
+        # reconcile (plan.children.writes plans it whenever the desired revision has none).
         for manifest in decision.applies:
             self.kube.apply(manifest)
+        for record in decision.create_records:
+            self.kube.create(record)
         for deployment_name, replicas in decision.scales:
             self.kube.scale_deployment(namespace, deployment_name, replicas)
         for deployment_name in decision.deletes:

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import logging
+import queue
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -83,17 +86,26 @@ def load_config(source: str | None, kube: KubeAdapter | None = None) -> Operator
     return OperatorConfig.from_mapping(data)
 
 
+#: Events waiting to be posted at most; beyond it new ones are dropped (and logged).
+EVENT_BACKLOG = 1000
+
+
 class EventPoster:
-    """Posts Kubernetes Events about an SD (what `kubectl describe sd` shows).
+    """Posts Kubernetes Events about an SD (what `kubectl describe sd` shows), in order, from a
+    thread of its own: a reconcile hands its Events over and ends without waiting for their
+    POSTs, which would hold the SD's next reconcile back (Events are best effort).
 
     Written here rather than with `kopf.event`, which only works inside kopf's own handlers: the
-    periodic round runs outside them. Its own API client, as kopf's was: Events are not counted
-    as reconcile writes. A failure to post is logged, never raised (Events are best effort).
+    reconciles run outside them. Its own API client, as kopf's was: Events are not counted as
+    reconcile writes. A failure to post is logged, never raised; `close` posts what is waiting.
     """
 
-    def __init__(self, api: client.CoreV1Api, instance: str) -> None:
+    def __init__(self, api: client.CoreV1Api, instance: str, backlog: int = EVENT_BACKLOG) -> None:
         self.api = api
         self.instance = instance
+        self._waiting: queue.Queue[dict[str, Any] | None] = queue.Queue(backlog)
+        self._thread = threading.Thread(target=self._post_each, name="events", daemon=True)
+        self._thread.start()
 
     def __call__(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         metadata = body.get("metadata") or {}
@@ -121,15 +133,30 @@ class EventPoster:
             "count": 1,
         }
         try:
-            self.api.create_namespaced_event(namespace, cast(client.CoreV1Event, event))
-        except ApiException as error:
-            log.warning(
-                "event %s about %s/%s not posted: %s",
-                reason,
-                namespace,
-                metadata.get("name"),
-                error,
-            )
+            self._waiting.put_nowait(event)
+        except queue.Full:
+            log.warning("event %s about %s/%s dropped: too many waiting", reason, namespace,
+                        metadata.get("name"))  # fmt: skip
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Posts the Events still waiting (for at most `timeout` seconds), then stops."""
+        with contextlib.suppress(queue.Full):
+            self._waiting.put(None, timeout=timeout)
+        self._thread.join(timeout)
+
+    def _post_each(self) -> None:
+        while (event := self._waiting.get()) is not None:
+            namespace = event["metadata"]["namespace"]
+            try:
+                self.api.create_namespaced_event(namespace, cast(client.CoreV1Event, event))
+            except (ApiException, OSError) as error:
+                log.warning(
+                    "event %s about %s/%s not posted: %s",
+                    event["reason"],
+                    namespace,
+                    event["involvedObject"]["name"],
+                    error,
+                )
 
 
 @dataclass
@@ -186,7 +213,9 @@ def build_registry(cache: watch_cache.WatchCache, queues: Queues) -> kopf.Operat
     for kind in watch_cache.KINDS:
         group, version, plural = kind.watch
         where = {"group": group, "version": version, "plural": plural, "registry": registry}
-        kopf.index(**where, id=f"list-{kind.name}")(_filler(cache, kind))  # type: ignore[arg-type]
+        kopf.index(**where, id=f"list-{kind.name}", when=lambda **_: not cache.listed)(  # type: ignore[arg-type]
+            _filler(cache, kind)
+        )
         kopf.on.event(**where, id=f"watch-{kind.name}")(_router(cache, queues, kind))  # type: ignore[arg-type]
     return registry
 
@@ -196,9 +225,9 @@ def _filler(cache: watch_cache.WatchCache, kind: watch_cache.Kind) -> Callable[.
     # handler of any kind runs (kopf docs, "Indexing": Guarantees), so the stores are whole
     # when the first reconcile is asked for; the index itself stays empty (None is not
     # indexed).
+    # (The `when` filter spares kopf invoking it for every later event.)
     async def fill(body: kopf.Body, **_: Any) -> None:
-        if not cache.listed:
-            cache.observe(kind, None, body, streamed=False)
+        cache.observe(kind, None, body, streamed=False)
 
     return fill
 
@@ -282,15 +311,6 @@ def reconciles_for(
     if kind is watch_cache.PODS and event_type != "DELETED" and shows_launcher_exit(obj):
         return [(namespace, owner)]
     return []
-
-
-class _QuietRoutes(logging.Filter):
-    """Drops kopf's per-event success line of the routing handlers: one per watch event of
-    every cached kind would drown the log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = str(record.msg)
-        return not message.startswith(("Handler 'list-", "Handler 'watch-"))
 
 
 async def run_operator(  # noqa: PLR0917
@@ -377,7 +397,8 @@ def main(args: argparse.Namespace) -> int:
     config = load_config(getattr(args, "config", None), kube)
     namespaces = list(getattr(args, "namespace", None) or config.namespaces)
     cache = kube.cache = watch_cache.WatchCache(namespaces)
-    logging.getLogger("kopf.objects").addFilter(_QuietRoutes())
+    # kopf's per-object INFO lines are only the routing handlers' "succeeded", one per event.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     identity = default_identity()
     post_event = EventPoster(client.CoreV1Api(client.ApiClient()), identity)
     reconciler = Reconciler(kube, config, post_event, metrics=metrics)
@@ -399,4 +420,7 @@ def main(args: argparse.Namespace) -> int:
         namespaces or "all",
         config.reconcile_interval_seconds,
     )
-    return asyncio.run(run_operator(reconciler, registry, queues, config, namespaces, elector))
+    try:
+        return asyncio.run(run_operator(reconciler, registry, queues, config, namespaces, elector))
+    finally:
+        post_event.close()
