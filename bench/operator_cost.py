@@ -43,7 +43,8 @@ from bench.bed import (
     time_deployment_ready,
     time_sd_ready,
 )
-from bench.record import write_result
+from bench.figures import rollout_figures
+from bench.record import LoadWatch, machine, write_result
 from engine_cluster import OperatorProcess
 from sd_bodies import llama_8b
 from specdeploy.api import labels
@@ -93,6 +94,9 @@ def time_sd(bed: Bed, namespace: str, name: str) -> float:
 
 
 def p1(bed: Bed, runs: int, workdir: Path) -> dict[str, Any]:
+    """Paired rounds: each round times an SD and the raw Deployment of its pod template back to
+    back (which goes first alternates), so a round's ratio is SD / raw under the same load;
+    bench.figures.rollout_figures judges the rounds (median, 95 % interval, verdict)."""
     namespace = bed.namespace("bench-p1")
     bed.ensure_mig_slices(16)
     running, metrics_url = bed.operator(workdir / "p1", (namespace,), {})
@@ -108,23 +112,24 @@ def p1(bed: Bed, runs: int, workdir: Path) -> dict[str, Any]:
         pods_gone(bed, namespace)
         sd_times: list[float] = []
         raw_times: list[float] = []
-        for run in range(runs):
-            # Alternate which goes first, so a drift of the machine's load hits both alike.
-            order = ("sd", "raw") if run % 2 == 0 else ("raw", "sd")
-            for kind in order:
-                if kind == "sd":
-                    took = time_sd(bed, namespace, f"sd-{run}")
-                    sd_times.append(took)
-                    bed.delete_sds(namespace)
-                else:
-                    body = raw_copy(deployment, f"raw-{run}")
-                    took = time_deployment_ready(bed, body, 120)
-                    raw_times.append(took)
-                    bed.apps.delete_namespaced_deployment(
-                        body["metadata"]["name"], namespace, propagation_policy="Foreground"
-                    )
-                log(f"p1 run {run} {kind}: {took:.3f}s")
-                pods_gone(bed, namespace)
+        with LoadWatch("p1") as load:
+            for run in range(runs):
+                # Alternate which goes first, so a drift of the machine's load hits both alike.
+                order = ("sd", "raw") if run % 2 == 0 else ("raw", "sd")
+                for kind in order:
+                    if kind == "sd":
+                        took = time_sd(bed, namespace, f"sd-{run}")
+                        sd_times.append(took)
+                        bed.delete_sds(namespace)
+                    else:
+                        body = raw_copy(deployment, f"raw-{run}")
+                        took = time_deployment_ready(bed, body, 120)
+                        raw_times.append(took)
+                        bed.apps.delete_namespaced_deployment(
+                            body["metadata"]["name"], namespace, propagation_policy="Foreground"
+                        )
+                    log(f"p1 run {run} {kind}: {took:.3f}s")
+                    pods_gone(bed, namespace)
         bed.delete_sds(namespace)
     finally:
         running.stop()
@@ -132,8 +137,9 @@ def p1(bed: Bed, runs: int, workdir: Path) -> dict[str, Any]:
     sd_median, raw_median = statistics.median(sd_times), statistics.median(raw_times)
     return {
         "what": "apply of an SD -> its Ready condition vs the same pod template as a raw "
-        "Deployment -> ready replicas; KWOK pods (ready at once), no Kueue queue, operator "
-        f"timer {DEFAULT_INTERVAL_S:.0f}s (default); times taken by a watch from before the create",
+        "Deployment -> ready replicas, in paired rounds (order alternating); KWOK pods (ready "
+        f"at once), no Kueue queue, operator timer {DEFAULT_INTERVAL_S:.0f}s (default); times "
+        "taken by a watch from before the create",
         "runs": runs,
         "sd_seconds": [round(t, 3) for t in sd_times],
         "raw_seconds": [round(t, 3) for t in raw_times],
@@ -141,6 +147,7 @@ def p1(bed: Bed, runs: int, workdir: Path) -> dict[str, Any]:
         "raw_median_s": round(raw_median, 3),
         "ratio": round(sd_median / raw_median, 2),
         "target_ratio": 1.5,
+        "load": {"p1": load.summary()},
     }
 
 
@@ -273,7 +280,7 @@ def scale_result(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("parts", nargs="*", default=["p1", "scale"], choices=["p1", "scale"])
-    parser.add_argument("--runs", type=int, default=7, help="P1 runs of each kind")
+    parser.add_argument("--runs", type=int, default=15, help="P1 paired rounds")
     parser.add_argument("--counts", default="10,100,1000", help="P2 numbers of SDs")
     parser.add_argument("--ready-timeout", type=float, default=900)
     parser.add_argument("--idle", type=float, default=60, help="P2 idle window in seconds")
@@ -285,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if "p1" in args.parts:
                 result = p1(bed, args.runs, workdir)
-                log(f"p1: SD {result['sd_median_s']}s raw {result['raw_median_s']}s "
-                    f"ratio {result['ratio']}")  # fmt: skip
+                [figure] = rollout_figures({"machine": machine(), **result}, None)
+                log(f"p1: SD {result['sd_median_s']}s raw {result['raw_median_s']}s; "
+                    f"{figure.verdict}: {figure.reason}")  # fmt: skip
                 write_result("p1-kwok", result)
             if "scale" in args.parts:
                 counts = [int(c) for c in args.counts.split(",") if c]
