@@ -78,8 +78,9 @@ dockerfile-lint: venv ## hadolint on every Dockerfile (images/*/Dockerfile), the
 
 # --- Test bed -------------------------------------------------------------------------------
 .PHONY: tools
-tools: ## Build the pinned control-plane binaries into the cache (no-op when cached)
+tools: ## Build the pinned control-plane binaries and LeaderWorkerSet into the cache (no-op when cached)
 	bash hack/build-testbed-tools.sh
+	bash hack/build-lws.sh
 
 .PHONY: helm3
 helm3: ## Build helm v3 from its pinned Go module into the cache (the chart's e2e test runs under Helm 3 and 4)

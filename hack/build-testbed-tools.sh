@@ -4,7 +4,7 @@
 # and webhooks, KWOK stages, Argo CD CRDs) next to them, so running the cluster needs no Go.
 #
 # Output: ${SPECDEPLOY_CACHE:-~/.cache/specdeploy}/bin/<key>/ where <key> hashes every go.mod and
-# go.sum under e2e/tools/ plus RECIPE below. A no-op when that folder is complete (marker written
+# go.sum under e2e/tools/ (but e2e/tools/lws/, which hack/build-lws.sh builds) plus RECIPE below. A no-op when that folder is complete (marker written
 # last). Needs only Go (1.26+) and the Go module proxy.
 #
 #   hack/build-testbed-tools.sh              build if needed, print the folder
@@ -22,7 +22,9 @@ key() {
   (
     cd "$TOOLS"
     echo "recipe=$RECIPE"
-    for f in $(find . -name go.mod -o -name go.sum | LC_ALL=C sort); do
+    # e2e/tools/lws/ is built by hack/build-lws.sh into a cache folder of its own: a new LWS
+    # pin never rebuilds the tools here.
+    for f in $(find . -path ./lws -prune -o \( -name go.mod -o -name go.sum \) -print | LC_ALL=C sort); do
       echo "== $f"
       cat "$f"
     done

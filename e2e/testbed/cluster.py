@@ -40,21 +40,33 @@ from testbed.pki import CertPair, ClusterPki, create_cluster_pki, write_kubeconf
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO_ROOT / "e2e" / "manifests"
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-testbed-tools.sh"
+LWS_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-lws.sh"
 PROCESS_KUBELET = REPO_ROOT / "e2e" / "testbed" / "process_kubelet.py"
 OPERATOR_DOCKERFILE = "images/operator/Dockerfile"
 
 LOCAL_PROCESS_ANNOTATION = "specdeploy.dev/local-process"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 QUEUE_NAMES = ("interactive", "batch")
-SYSTEM_NAMESPACES = ("kube-system", "kueue-system")
-KUEUE_INTEGRATIONS = ("batch/job", "pod", "deployment", "statefulset")
+SYSTEM_NAMESPACES = ("kube-system", "kueue-system", "lws-system")
+KUEUE_INTEGRATIONS = (
+    "batch/job",
+    "pod",
+    "deployment",
+    "statefulset",
+    "leaderworkerset.x-k8s.io/leaderworkerset",
+)
 # Webhooks of Kueue's that are registered: its own API plus the integrations above.
-_WEBHOOK_API_GROUPS = {"kueue.x-k8s.io", "", "apps", "batch"}
+_WEBHOOK_API_GROUPS = {"kueue.x-k8s.io", "", "apps", "batch", "leaderworkerset.x-k8s.io"}
+# LeaderWorkerSet's webhooks for pods: only for the pods of an LWS (its kustomize patch).
+_LWS_POD_SELECTOR = {
+    "matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}]
+}
 # The order `down` stops things in: clients of the API server first, etcd last.
 STOP_ORDER = (
     "process-kubelet",
     "prometheus",
     "kueue",
+    "lws",
     "kwok",
     "kube-scheduler",
     "kube-controller-manager",
@@ -111,15 +123,24 @@ class ClusterEnv:
 
 def tools_dir(build: bool = True) -> Path:
     """The folder with the pinned binaries; builds them first (a no-op when cached) if asked."""
-    cmd = ["bash", str(BUILD_SCRIPT)]
+    return _built_folder(BUILD_SCRIPT, "the test-bed tools are", build)
+
+
+def lws_dir(build: bool = True) -> Path:
+    """The folder with the pinned LeaderWorkerSet controller and its YAML (hack/build-lws.sh);
+    builds it first (a no-op when cached) if asked."""
+    return _built_folder(LWS_BUILD_SCRIPT, "LeaderWorkerSet is", build)
+
+
+def _built_folder(script: Path, what: str, build: bool) -> Path:
+    cmd = ["bash", str(script)]
     if not build:
         cmd.append("--print-dir")
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
     folder = Path(out.strip().splitlines()[-1])
     if not (folder / ".complete").exists():
         raise RuntimeError(
-            f"the test-bed tools are not built in {folder}: run `make tools` "
-            f"(bash {BUILD_SCRIPT.relative_to(REPO_ROOT)})"
+            f"{what} not built in {folder}: run `make tools` (bash {script.relative_to(REPO_ROOT)})"
         )
     return folder
 
@@ -198,10 +219,12 @@ class _Ports:
     kueue_metrics: int
     kueue_health: int
     prometheus: int
+    lws_webhook: int
+    lws_health: int
 
     @classmethod
     def pick(cls) -> _Ports:
-        return cls(*processes.free_ports(9))
+        return cls(*processes.free_ports(11))
 
 
 class Cluster:
@@ -213,8 +236,10 @@ class Cluster:
         bin_dir: Path,
         log: Callable[[str], None],
         die_with_parent: bool = False,
+        lws: Path | None = None,
     ) -> None:
         self.folder = folder
+        self.lws = lws or lws_dir(build=False)
         self.die_with_parent = die_with_parent
         self.bin = bin_dir
         self.say = log
@@ -223,6 +248,7 @@ class Cluster:
         self.kubeconfig = folder / "kubeconfig"
         self.manifests = bin_dir / "manifests"
         versions = json.loads((bin_dir / "versions.json").read_text())
+        versions["lws"] = (self.lws / "version").read_text().strip()
         self.env = ClusterEnv(
             kubeconfig=str(self.kubeconfig),
             api_server=f"https://127.0.0.1:{self.ports.apiserver}",
@@ -284,6 +310,7 @@ class Cluster:
         self._scheduler()
         self._install_crds()
         self._kwok()
+        self._lws()
         self._kueue()
         self._prometheus()
         self._process_kubelet()
@@ -404,12 +431,16 @@ class Cluster:
                     },
                 }
         crds.extend(argocd_crds(self.manifests))
+        crds.extend(lws_crds(self.lws))
         self.kubectl.apply(crds)
         self.kubectl.apply(
-            [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}]
+            [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+                for name in ("kueue-system", "lws-system")
+            ]
         )
         wait_for_condition(self.kubectl, "customresourcedefinitions", "Established")
-        self.say(f"  {'CRDs (Kueue, Argo CD)':<24} in {time.monotonic() - began:5.1f}s")
+        self.say(f"  {'CRDs (Kueue, LWS, Argo)':<24} in {time.monotonic() - began:5.1f}s")
 
     def _kueue_conversion_crds(self) -> set[str]:
         """CRD names Kueue's own kustomization gives a conversion webhook."""
@@ -453,6 +484,71 @@ class Cluster:
         wait_for_condition(self.kubectl, "nodes", "Ready")
         self.say(f"  {'KWOK GPU nodes':<24} Ready in {time.monotonic() - began:5.1f}s")
 
+    def _lws(self) -> None:
+        """The LeaderWorkerSet controller out of cluster, as Kueue: its webhooks by URL."""
+        folder = self.folder / "lws"
+        certs = folder / "certs"
+        certs.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.pki.webhook.cert, certs / "tls.crt")
+        shutil.copy(self.pki.webhook.key, certs / "tls.key")
+        p = self.ports
+        config = {
+            "apiVersion": "config.lws.x-k8s.io/v1alpha1",
+            "kind": "Configuration",
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{p.lws_health}"},
+            # "0" turns controller-runtime's metrics server off (nothing scrapes it here).
+            "metrics": {"bindAddress": "0"},
+            "webhook": {"host": "127.0.0.1", "port": p.lws_webhook, "certDir": str(certs)},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "clientConnection": {"qps": 100, "burst": 200},
+        }
+        self._start_controller("lws", self.lws / "lws", config, p.lws_health, p.lws_webhook)
+        # Webhooks fail closed, so they are registered only once the controller answers.
+        self.kubectl.apply(self._lws_webhooks())
+
+    def _start_controller(
+        self, name: str, binary: Path, config: dict[str, Any], health: int, webhook: int
+    ) -> None:
+        """A controller-runtime controller out of cluster: its config file in its folder, the
+        admin kubeconfig, ready once its health port answers `/readyz`."""
+        config_file = self.folder / name / "config.yaml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        argv = [
+            str(binary),
+            f"--config={config_file}",
+            f"--kubeconfig={self.kubeconfig}",
+            "--zap-log-level=info",
+        ]
+        self._start(
+            name,
+            argv,
+            _ok(f"http://127.0.0.1:{health}/readyz"),
+            timeout=120,
+            port=webhook,
+            env={"KUBECONFIG": str(self.kubeconfig)},
+        )
+
+    def _lws_webhooks(self) -> list[dict[str, Any]]:
+        """LeaderWorkerSet's webhook configurations by URL with our CA, its pod webhooks only
+        for LWS pods (as its kustomization patches them)."""
+        docs = yaml.safe_load_all((self.lws / "manifests" / "webhook.yaml").read_text())
+        base = f"https://127.0.0.1:{self.ports.lws_webhook}"
+        out = []
+        for original in docs:
+            if not original:
+                continue
+            doc = copy.deepcopy(original)
+            doc["metadata"]["name"] = "lws-" + doc["metadata"]["name"]
+            for hook in doc.get("webhooks", []):
+                path = hook["clientConfig"]["service"]["path"]
+                hook["clientConfig"] = {"url": base + path, "caBundle": self._ca_bundle()}
+                groups = {g for rule in hook.get("rules", []) for g in rule.get("apiGroups", [])}
+                if groups == {""}:
+                    hook["objectSelector"] = copy.deepcopy(_LWS_POD_SELECTOR)
+            out.append(doc)
+        return out
+
     def _kueue(self) -> None:
         folder = self.folder / "kueue"
         certs = folder / "certs"
@@ -478,21 +574,7 @@ class Cluster:
             "featureGates": {"VisibilityOnDemand": False},
             "clientConnection": {"qps": 100, "burst": 200},
         }
-        config_file = folder / "config.yaml"
-        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-        argv = [
-            str(self.bin / "kueue"),
-            f"--config={config_file}",
-            f"--kubeconfig={self.kubeconfig}",
-            "--zap-log-level=info",
-        ]
-        self._start(
-            "kueue",
-            argv,
-            _ok(f"http://127.0.0.1:{p.kueue_health}/readyz"),
-            timeout=120,
-            port=p.kueue_webhook,
-        )
+        self._start_controller("kueue", self.bin / "kueue", config, p.kueue_health, p.kueue_webhook)
         began = time.monotonic()
         # Webhooks fail closed, so they are registered only once Kueue answers.
         self.kubectl.apply(self._kueue_webhooks())
@@ -737,6 +819,15 @@ def kwok_stages(stage_dir: Path) -> list[dict[str, Any]]:
     return stages
 
 
+def lws_crds(lws: Path) -> list[dict[str, Any]]:
+    """LeaderWorkerSet's CRDs (and the DisaggregatedSet one its controller also watches), served
+    without a conversion webhook: each has a single version."""
+    crds: list[dict[str, Any]] = []
+    for path in sorted((lws / "manifests" / "crd").glob("*.yaml")):
+        crds.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return crds
+
+
 def argocd_crds(manifests_dir: Path) -> list[dict[str, Any]]:
     """Argo CD's Application, ApplicationSet and AppProject CRDs (from the build cache)."""
     crds: list[dict[str, Any]] = []
@@ -873,12 +964,13 @@ def _up(log: Callable[[str], None], folder: Path, die_with_parent: bool) -> tupl
         _down(log, folder)
     began = time.monotonic()
     bin_dir = tools_dir(build=True)
+    lws = lws_dir(build=True)
     prometheus_binary()
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     log(f"starting the local cluster in {folder}")
-    cluster = Cluster(folder, bin_dir, log, die_with_parent=die_with_parent)
+    cluster = Cluster(folder, bin_dir, log, die_with_parent=die_with_parent, lws=lws)
     try:
         env = cluster.up()
     except BaseException:
