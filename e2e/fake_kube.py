@@ -196,10 +196,13 @@ def apply_defaults(obj: dict[str, Any]) -> None:
 class FakeKube:
     """Objects by (kind, namespace, name); counts writes like the real adapter."""
 
-    def __init__(self, nodes: list[dict[str, Any]], pod_monitor_crd: bool = True) -> None:
+    def __init__(
+        self, nodes: list[dict[str, Any]], pod_monitor_crd: bool = True, lws_crd: bool = True
+    ) -> None:
         self.objects: dict[Key, dict[str, Any]] = {}
         self.nodes = nodes
         self.pod_monitor_crd = pod_monitor_crd
+        self.lws_crd = lws_crd
         self.write_requests = 0
         self.pods: list[dict[str, Any]] = []
         self.workloads: list[dict[str, Any]] = []
@@ -232,6 +235,14 @@ class FakeKube:
 
     def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self.list_objects("apps/v1", "Deployment", namespace, selector)
+
+    def list_leader_worker_sets(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self.list_objects(
+            "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", namespace, selector
+        )
+
+    def serves_leader_worker_sets(self) -> bool:
+        return self.lws_crd
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return [
@@ -348,13 +359,21 @@ class FakeKube:
     def make_ready(self) -> None:
         """What the Deployment controller and the kubelets do: every pod ready."""
         for (kind, _, _), obj in self.objects.items():
-            if kind == "Deployment":
+            if kind in ("Deployment", "LeaderWorkerSet"):
                 replicas = obj["spec"]["replicas"]
                 obj["status"] = {
                     "replicas": replicas,
                     "readyReplicas": replicas,
                     "observedGeneration": obj["metadata"]["generation"],
                 }
+
+    def leader_worker_sets(self) -> dict[str, int]:
+        """Revision LeaderWorkerSet name -> replicas (groups)."""
+        return {
+            o["metadata"]["name"]: o["spec"]["replicas"]
+            for (kind, _, _), o in self.objects.items()
+            if kind == "LeaderWorkerSet"
+        }
 
     def deployments(self) -> dict[str, int]:
         """Revision Deployment name -> replicas."""

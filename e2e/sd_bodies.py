@@ -52,3 +52,25 @@ def hub_sd(namespace: str, name: str = "hub") -> dict[str, Any]:
         },
         modelSource={"hub": {"tokenSecretRef": {"name": "hub-token", "key": "token"}}},
     )
+
+
+def llama_405b_across_nodes(name: str, namespace: str, version: str = "3.1") -> dict[str, Any]:
+    """Llama 3.1 405B alone on H100s, spread over nodes: two of eight GPUs each, a
+    LeaderWorkerSet group per replica (docs/sizing.md); one group takes the whole H100 quota of
+    the test bed's queues (16)."""
+    return llama_8b(
+        name,
+        namespace,
+        pair={
+            "version": version,
+            "target": {"model": "meta-llama/Llama-3.1-405B-Instruct", "revision": "main"},
+            "draft": {"method": "none"},
+        },
+        engine={"maxModelLen": 8192, "maxNumSeqs": 16},
+        placement={
+            "queue": "interactive",
+            "gpu": {"product": "NVIDIA-H100-80GB-HBM3"},
+            "nodesPerReplica": "auto",
+        },
+        revisionHistoryLimit=1,
+    )

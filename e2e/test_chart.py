@@ -34,7 +34,7 @@ from chart_harness import (
     set_values,
 )
 from engine_cluster import OperatorProcess, apply_crds, condition, get_sd
-from sd_bodies import hub_sd, llama_8b
+from sd_bodies import hub_sd, llama_8b, llama_405b_across_nodes
 from testbed import (
     RESTRICTED_CONTAINER_SECURITY,
     RESTRICTED_POD_SECURITY,
@@ -392,6 +392,8 @@ def run_through_every_call(kubectl: Kubectl, namespace: str, operator: OperatorP
     records = kubectl.get_json("controllerrevisions", "-n", namespace, "-l", f"{NAME_LABEL}=chat")
     assert f"chat-{pruned}" not in [r["metadata"]["name"] for r in records["items"]]
 
+    run_through_a_pair_across_nodes(kubectl, namespace, operator)
+
     hub = hub_sd(namespace)
     # A Kueue priority class, so that the operator looks it up (it does not exist here).
     hub["spec"]["placement"]["priorityClass"] = "e2e-unlisted"
@@ -412,7 +414,7 @@ def run_through_every_call(kubectl: Kubectl, namespace: str, operator: OperatorP
 
     # No finalizer holds the SDs: they go at once, and the garbage collector deletes the
     # revision Deployments they own.
-    kubectl.run("delete", "sd", "chat", "hub", "-n", namespace, "--wait=false")
+    kubectl.run("delete", "sd", "chat", "hub", "wide", "-n", namespace, "--wait=false")
     eventually(
         lambda: (
             not kubectl.get_json("deployments", "-n", namespace, "-l", f"{NAME_LABEL}=chat")[
@@ -425,6 +427,38 @@ def run_through_every_call(kubectl: Kubectl, namespace: str, operator: OperatorP
     )
     events = kubectl.get_json("events", "-n", namespace)["items"]
     assert any(e.get("reason") == "RolloutComplete" for e in events), json.dumps(events)[:2000]
+
+
+def run_through_a_pair_across_nodes(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    """A pair whose replicas span nodes: its revisions are LeaderWorkerSets, made, listed,
+    watched and pruned as Deployments are. One group takes the test bed's whole H100 quota, so
+    the later revisions never get ready: each is retired when the next one is asked for, and
+    beyond the history limit of 1 the oldest of them is deleted."""
+    kubectl.apply([llama_405b_across_nodes("wide", namespace)])
+    serving = wait_serving(kubectl, namespace, "wide", operator)
+    asked = []
+    for version in ("v2", "v3", "v4"):
+        kubectl.apply([llama_405b_across_nodes("wide", namespace, version=version)])
+
+        def made(version: str = version) -> str | None:
+            sets = kubectl.get_json("leaderworkersets", "-n", namespace, "-l", f"{NAME_LABEL}=wide")
+            made = [
+                s["metadata"]["labels"][REVISION_LABEL]
+                for s in sets["items"]
+                if s["metadata"]["labels"]["specdeploy.dev/pair-version"] == version
+            ]
+            return made[0] if made else None
+
+        asked.append(eventually(made, 60, f"the LeaderWorkerSet of pair version {version}"))
+
+    def pruned() -> bool:
+        sets = kubectl.get_json("leaderworkersets", "-n", namespace, "-l", f"{NAME_LABEL}=wide")
+        left = {s["metadata"]["labels"][REVISION_LABEL] for s in sets["items"]}
+        return left == {serving, asked[1], asked[2]}
+
+    eventually(pruned, 60, "the first revision never ready pruned beyond the history limit")
 
 
 #: (verb, resource, namespace key, allowed): what the chart's ServiceAccount may and may not do.

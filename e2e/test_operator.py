@@ -183,6 +183,8 @@ EXAMPLE_PLACEMENT: dict[str, tuple[dict[str, Any], str, int, str]] = {
     "llama-8b-batch-queue.yaml": ({}, "nvidia.com/gpu", 1, "kwok-h100-"),
     # 16 x 32k tokens of KV (the default budget) + weights = 49.1 GiB: one H100.
     "qwen-7b-ngram.yaml": ({}, "nvidia.com/gpu", 1, "kwok-h100-"),
+    # Two nodes of 8 H100s per replica (a LeaderWorkerSet group): the leader's node and GPUs.
+    "llama-405b-multinode.yaml": ({}, "nvidia.com/gpu", 8, "kwok-h100-"),
 }
 
 
@@ -289,9 +291,11 @@ def test_example_becomes_ready_on_the_right_gpus(
     assert sd["status"]["sizing"]["resourceName"] == resource
     assert sd["status"]["sizing"]["count"] == count
     assert sd["status"]["phase"] == "Serving"
-    [deployment] = items(kubectl, "deployments", namespace, name)
-    assert deployment["metadata"]["name"] == f"{name}-{revision}"
+    across = "nodesPerReplica" in sd["status"]["sizing"]
+    [child] = items(kubectl, "leaderworkersets" if across else "deployments", namespace, name)
+    assert child["metadata"]["name"] == f"{name}-{revision}"
     kubectl.get_json("service", name, "-n", namespace)
+    # A replica across nodes has one pod labelled with the SD: its leader.
     pods = items(kubectl, "pods", namespace, name)
     assert len(pods) == body["spec"]["replicas"]
     for pod in pods:

@@ -48,7 +48,12 @@ EXAMPLE_PARAMS = [
     )
     for path in EXAMPLES
 ]
-LIVE_KINDS = {"Deployment": "deployment", "Service": "service", "PodMonitor": "podmonitor"}
+LIVE_KINDS = {
+    "Deployment": "deployment",
+    "LeaderWorkerSet": "leaderworkerset",
+    "Service": "service",
+    "PodMonitor": "podmonitor",
+}
 
 
 def specdeploy_render(*args: str) -> subprocess.CompletedProcess[str]:
@@ -109,7 +114,9 @@ def test_render_equals_what_the_operator_applies(
     rendered = rendered_objects(
         "-f", str(path), "--nodes", str(nodes), "--config", str(config), "-n", namespace
     )
-    assert [m["kind"] for m in rendered] == ["Deployment", "Service", "PodMonitor"]
+    # A revision whose replicas span nodes is a LeaderWorkerSet (examples/llama-405b-...).
+    revision_kind = "LeaderWorkerSet" if "405b" in path.name else "Deployment"
+    assert [m["kind"] for m in rendered] == [revision_kind, "Service", "PodMonitor"]
 
     body = yaml.safe_load(path.read_text())
     body["metadata"]["namespace"] = namespace
@@ -134,7 +141,11 @@ def test_render_equals_what_the_operator_applies(
         return sd if revision in {r["revision"] for r in revisions} else None
 
     sd = eventually(recorded, 30, f"revision {revision} in the SD's status")
-    limits = rendered[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    spec = rendered[0]["spec"]
+    template = (
+        spec["leaderWorkerTemplate"]["leaderTemplate"] if "405b" in path.name else spec["template"]
+    )
+    limits = template["spec"]["containers"][0]["resources"]["limits"]
     assert limits[sd["status"]["sizing"]["resourceName"]] == sd["status"]["sizing"]["count"]
 
     # Rendered from the live SD (it has a uid now): the operator's own applied-hash annotation.

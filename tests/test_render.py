@@ -59,10 +59,14 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 def test_each_example_renders_its_three_children(
     path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = run_cli(["-f", str(path)], capsys)
+    # A replica across nodes needs nodes sharing its topology label: the test bed's have one.
+    across = "multinode" in path.name
+    nodes = ["--nodes", str(ROOT / "e2e" / "manifests" / "nodes.yaml")] if across else []
+    code, out, err = run_cli(["-f", str(path), *nodes], capsys)
     assert code == 0, err
     documents = list(yaml.safe_load_all(out))
-    assert [d["kind"] for d in documents] == ["Deployment", "Service", "PodMonitor"]
+    kind = "LeaderWorkerSet" if across else "Deployment"
+    assert [d["kind"] for d in documents] == [kind, "Service", "PodMonitor"]
     body = yaml.safe_load(path.read_text())
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     deployment = documents[0]
@@ -74,9 +78,16 @@ def test_each_example_renders_its_three_children(
     header = [line for line in out.splitlines() if line.startswith("#")]
     assert f"# revision: {revision} " in "\n".join(header)
     assert any(line.startswith("#   / gpuMemoryUtilization = ") for line in header)
-    [command] = [line for line in header if line.startswith("# vllm serve ")]
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert shlex.split(command.removeprefix("# vllm serve ")) == container["args"][2:]
+    if across:
+        group = deployment["spec"]["leaderWorkerTemplate"]
+        commands = {"leader": group["leaderTemplate"], "workers": group["workerTemplate"]}
+    else:
+        commands = {"": deployment["spec"]["template"]}
+    for role, template in commands.items():
+        prefix = f"# {role}: vllm serve " if role else "# vllm serve "
+        [command] = [line for line in header if line.startswith(prefix)]
+        container = template["spec"]["containers"][0]
+        assert shlex.split(command.removeprefix(prefix)) == container["args"][2:]
 
 
 def test_render_is_what_the_reconcile_applies_to_an_empty_namespace() -> None:

@@ -82,7 +82,8 @@ class Rendering:
     sizing: SizingDecision
     revision: str
     vllm_args: tuple[str, ...]
-    #: Deployment, Service and PodMonitor, in the order the operator applies them.
+    #: Deployment (or LeaderWorkerSet), Service and PodMonitor, in the order the operator
+    #: applies them.
     manifests: tuple[dict[str, Any], ...]
 
 
@@ -251,13 +252,19 @@ def describe(rendering: Rendering, nodes_source: str, config_source: str) -> lis
     """The human-readable decision: revision, speculation, sizing arithmetic, vllm command."""
     sd, sizing, memory = rendering.sd, rendering.sizing, rendering.sizing.memory
     speculation = rendering.speculation
-    deployment = next(m for m in rendering.manifests if m["kind"] == "Deployment")
+    child = next(m for m in rendering.manifests if m["kind"] in ("Deployment", "LeaderWorkerSet"))
     engine = sd.spec.engine
+    nodes = sizing.nodes_per_replica or 1
+    groups = (
+        f", each a group of {nodes} pods: a leader and {nodes - 1} worker{'s' if nodes > 2 else ''}"
+        if nodes > 1
+        else ""
+    )
     lines = [
         f"specdeploy render of SpeculativeDeployment {sd.metadata.namespace}/{sd.metadata.name}",
         f"nodes: {nodes_source}; operator config: {config_source}",
-        f"revision: {rendering.revision} (Deployment {deployment['metadata']['name']}, "
-        f"{deployment['spec']['replicas']} replicas)",
+        f"revision: {rendering.revision} ({child['kind']} {child['metadata']['name']}, "
+        f"{child['spec']['replicas']} replicas{groups})",
         f"speculation: {speculation.state} ({speculation.reason}: {speculation.message})",
         f"sizing: {sizing.message}",
     ]
@@ -273,14 +280,29 @@ def describe(rendering: Rendering, nodes_source: str, config_source: str) -> lis
             f"  KV cache            {memory.kv_cache_gib:8.2f} GiB  ({budget}; docs/sizing.md)",
             f"  engine overhead     {memory.overhead_gib:8.2f} GiB  (per device)",
             f"  / gpuMemoryUtilization = {memory.required_gib:.2f} GiB per replica, "
-            f"{memory.per_device_gib:.2f} GiB per device",
+            f"{memory.per_device_gib:.2f} GiB per device"
+            + (" (the most loaded GPU: docs/sizing.md, across nodes)" if nodes > 1 else ""),
         ]
     selector = ", ".join(f"{k}={v}" for k, v in sorted(sizing.node_selector.items()))
+    per_pod = " per pod" if nodes > 1 else ""
+    layout = f", tensor parallel {sizing.tensor_parallel_size}"
+    if nodes > 1:
+        layout = (
+            f", {nodes} pods per replica, pipeline parallel {sizing.pipeline_parallel_size} x "
+            f"tensor parallel {sizing.tensor_parallel_size}, draft {sizing.draft_placement}"
+        )
     lines += [
-        f"resources: {sizing.resource_name}: {sizing.count}, tensor parallel "
-        f"{sizing.tensor_parallel_size}" + (f", node selector {selector}" if selector else ""),
-        "vllm serve " + shlex.join(rendering.vllm_args),
+        f"resources: {sizing.resource_name}: {sizing.count}{per_pod}{layout}"
+        + (f", node selector {selector}" if selector else ""),
     ]
+    if nodes > 1:
+        worker = build_vllm_args(sd.spec, sizing, "worker")
+        lines += [
+            "leader: vllm serve " + shlex.join(rendering.vllm_args),
+            "workers: vllm serve " + shlex.join(worker),
+        ]
+    else:
+        lines.append("vllm serve " + shlex.join(rendering.vllm_args))
     return lines
 
 

@@ -43,6 +43,11 @@ Roles instead). */}}
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
   verbs: [get, list, watch, create, patch]
+# Revisions whose replicas span nodes: one LeaderWorkerSet each, listed, watched (kopf),
+# server-side applied, deleted when pruned (when the LeaderWorkerSet CRD is there).
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [list, watch, create, patch, delete]
 # Kueue: the Workloads of gated pods (what quota is missing) and the SD's LocalQueue, read
 # from watch-fed copies (get until the copy is filled).
 - apiGroups: [kueue.x-k8s.io]

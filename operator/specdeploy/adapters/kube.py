@@ -29,6 +29,7 @@ FIELD_MANAGER = "specdeploy"
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 KUEUE_GROUP = "kueue.x-k8s.io"
 POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
+LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
 
 #: What the API server answers a write it will refuse again however often it is sent: a body
 #: it cannot read (400) or an object that fails validation or admission (422).
@@ -241,6 +242,19 @@ class KubeAdapter:
     def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self._owned(wc.DEPLOYMENTS, namespace, selector)
 
+    def list_leader_worker_sets(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """LeaderWorkerSets matching `selector`; empty when the kind is not served (the LWS
+        controller and its CRD not installed)."""
+        try:
+            return self._owned(wc.LEADER_WORKER_SETS, namespace, selector)
+        except ResourceNotFoundError:
+            return []
+
+    def serves_leader_worker_sets(self) -> bool:
+        """Whether the LeaderWorkerSet CRD is installed and established (read from the CRD
+        store, so a cluster without it costs no API discovery on every reconcile)."""
+        return self._crd_established(LWS_CRD)
+
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self._owned(wc.PODS, namespace, selector)
 
@@ -292,12 +306,13 @@ class KubeAdapter:
 
     def has_pod_monitor_crd(self) -> bool:
         """Whether the Prometheus Operator's PodMonitor CRD is installed and established."""
+        return self._crd_established(POD_MONITOR_CRD)
+
+    def _crd_established(self, name: str) -> bool:
         crd = self._cached(
             wc.CRDS,
-            lambda store: store.get("", POD_MONITOR_CRD),
-            lambda: self._get(
-                "apiextensions.k8s.io/v1", "CustomResourceDefinition", POD_MONITOR_CRD, None
-            ),
+            lambda store: store.get("", name),
+            lambda: self._get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name, None),
         )
         if crd is None or (crd.get("metadata") or {}).get("deletionTimestamp"):
             return False

@@ -389,6 +389,15 @@ SD = Kind(
 DEPLOYMENTS = Kind(
     "deployments", "apps/v1", None, "Deployment", True, True, ("apps", "v1", "deployments")
 )
+LEADER_WORKER_SETS = Kind(
+    "leaderworkersets",
+    "leaderworkerset.x-k8s.io/v1",
+    None,
+    "LeaderWorkerSet",
+    True,
+    True,
+    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+)
 RECORDS = Kind(
     "records",
     "apps/v1",
@@ -463,6 +472,7 @@ CRDS = Kind(
 KINDS: tuple[Kind, ...] = (
     SD,
     DEPLOYMENTS,
+    LEADER_WORKER_SETS,
     RECORDS,
     SERVICES,
     POD_MONITORS,

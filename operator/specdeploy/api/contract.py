@@ -43,3 +43,15 @@ OPERATOR_OWNED_FLAGS: Final = (
     "--gpu-memory-utilization",
     "--speculative-config",
 )
+#: What the operator also sets for a replica across nodes (plan.children.vllm_args
+#: multi_node_args); refused in extraArgs of such an SD only (a CEL rule of their own: one rule
+#: over all of them would exceed the API server's cost budget).
+MULTI_NODE_FLAGS: Final = (
+    "--pipeline-parallel-size",
+    "--distributed-executor-backend",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--headless",
+)

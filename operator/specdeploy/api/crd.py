@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel
 
 from specdeploy import GROUP, VERSION
-from specdeploy.api.contract import OPERATOR_OWNED_FLAGS
+from specdeploy.api.contract import MULTI_NODE_FLAGS, OPERATOR_OWNED_FLAGS
 from specdeploy.api.models import (
     KIND,
     LABEL_KEY_PATTERN,
@@ -44,6 +44,20 @@ _TP_INT = (
     " && type(self.engine.tensorParallelSize) == int"
 )
 _HUB = "has(self.modelSource) && has(self.modelSource.hub)"
+# A replica that spans more than one node (placement.nodesPerReplica a number above 1, or auto).
+_MULTI_NODE_HERE = (
+    "has(self.nodesPerReplica) && (type(self.nodesPerReplica) == int"
+    " ? self.nodesPerReplica > 1 : self.nodesPerReplica == 'auto')"
+)
+_MULTI_NODE = "has(self.placement) && " + _MULTI_NODE_HERE.replace("self.", "self.placement.")
+_NODES_INT = (
+    "has(self.placement) && has(self.placement.nodesPerReplica)"
+    " && type(self.placement.nodesPerReplica) == int"
+)
+_TP_ACROSS = (
+    f"({_MULTI_NODE}) && has(self.engine) && has(self.engine.acrossNodes)"
+    " && self.engine.acrossNodes == 'TensorParallel'"
+)
 _PVC = "has(self.modelSource) && has(self.modelSource.pvc)"
 # A `..` path segment: joined under the volume's mount it would leave it.
 _DOT_DOT = "'(^|/)[.][.](/|$)'"
@@ -269,6 +283,16 @@ CEL_RULES: tuple[CelRule, ...] = (
         field_path=".extraArgs",
     ),
     CelRule(
+        path="spec",
+        rule=f"!({_MULTI_NODE}) || !has(self.engine) || !has(self.engine.extraArgs)"
+        " || self.engine.extraArgs.all(a, !a.matches('"
+        + refused_flags_regex(MULTI_NODE_FLAGS)
+        + "'))",
+        message="extraArgs of a replica across nodes must not set the multi-node launch the "
+        "operator sets (nor abbreviations): " + ", ".join(MULTI_NODE_FLAGS),
+        field_path=".engine.extraArgs",
+    ),
+    CelRule(
         path="spec.engine",
         rule="!has(self.env) || self.env.all(e, !e.name.startsWith('SPECDEPLOY_'))",
         message="env names starting with SPECDEPLOY_ are reserved for the operator",
@@ -366,7 +390,7 @@ CEL_RULES: tuple[CelRule, ...] = (
     # The pinned count is the tensor parallel degree: two different numbers cannot both hold.
     CelRule(
         path="spec",
-        rule=f"!({_gpu_pin('count')}) || !({_TP_INT})"
+        rule=f"!({_gpu_pin('count')}) || !({_TP_INT}) || ({_TP_ACROSS})"
         " || self.engine.tensorParallelSize == self.placement.gpu.count",
         message="placement.gpu.count and engine.tensorParallelSize must be equal when both are set",
         field_path=".placement.gpu.count",
@@ -375,6 +399,56 @@ CEL_RULES: tuple[CelRule, ...] = (
         path="spec",
         rule=f"!({_gpu_pin('migProfile')}) || !({_TP_INT}) || self.engine.tensorParallelSize <= 1",
         message="a pinned migProfile allows no tensorParallelSize above 1",
+        field_path=".engine.tensorParallelSize",
+    ),
+    # --- replicas across nodes (LeaderWorkerSet groups) ---
+    CelRule(
+        path="spec.placement",
+        rule="!has(self.nodesPerReplica) || (type(self.nodesPerReplica) == int"
+        " ? self.nodesPerReplica >= 1 && self.nodesPerReplica <= 64"
+        " : self.nodesPerReplica == 'auto')",
+        message="nodesPerReplica must be an integer from 1 to 64, or auto",
+        field_path=".nodesPerReplica",
+    ),
+    # A MIG slice is a part of one GPU: nothing of it reaches another node.
+    CelRule(
+        path="spec.placement",
+        rule=f"!({_MULTI_NODE_HERE}) || !has(self.gpu) || ((!has(self.gpu.mig)"
+        " || self.gpu.mig != 'Required') && !has(self.gpu.migProfile))",
+        message="a replica across nodes runs on whole GPUs: no mig Required, no migProfile",
+        field_path=".nodesPerReplica",
+    ),
+    # The CPU engine is one process on one host.
+    CelRule(
+        path="spec.placement",
+        rule=f"!({_MULTI_NODE_HERE}) || !has(self.device) || self.device != 'CPU'",
+        message="device CPU serves a replica on one node: nodesPerReplica must be 1",
+        field_path=".nodesPerReplica",
+    ),
+    CelRule(
+        path="spec.placement",
+        rule=f"!has(self.topologyKey) || ({_MULTI_NODE_HERE})",
+        message="topologyKey places the nodes of one replica together: it needs "
+        "nodesPerReplica other than 1",
+        field_path=".topologyKey",
+    ),
+    # vLLM splits the world (tensor x pipeline ranks) evenly over --nnodes.
+    CelRule(
+        path="spec",
+        rule=f"!({_TP_ACROSS}) || !({_TP_INT}) || !({_NODES_INT})"
+        " || self.engine.tensorParallelSize % self.placement.nodesPerReplica == 0",
+        message="with acrossNodes TensorParallel, tensorParallelSize must be a multiple of "
+        "placement.nodesPerReplica (vLLM splits the ranks evenly over the nodes)",
+        field_path=".engine.tensorParallelSize",
+    ),
+    CelRule(
+        path="spec",
+        rule=f"!({_TP_ACROSS}) || !({_TP_INT}) || !({_gpu_pin('count')})"
+        " || (self.engine.tensorParallelSize % self.placement.gpu.count == 0"
+        f" && (!({_NODES_INT}) || self.engine.tensorParallelSize"
+        " == self.placement.gpu.count * self.placement.nodesPerReplica))",
+        message="with acrossNodes TensorParallel, tensorParallelSize must be placement.gpu.count "
+        "(GPUs per node) x nodesPerReplica",
         field_path=".engine.tensorParallelSize",
     ),
     CelRule(

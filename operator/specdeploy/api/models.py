@@ -112,6 +112,7 @@ SpeculationState = Literal["Enabled", "Disabled"]
 VerdictResult = Literal["Pass", "Fail", "Inconclusive"]
 AutotuneMode = Literal["Off", "Recommend", "Apply"]
 AutotuneSchedule = Literal["Off", "Auto"]
+AcrossNodes = Literal["PipelineParallel", "TensorParallel"]
 
 
 class ApiModel(BaseModel):
@@ -357,7 +358,20 @@ class EngineSpec(ApiModel):
     )
     tensor_parallel_size: IntOrAuto = Field(
         default="auto",
-        description="GPUs per replica for the target, or auto to let sizing decide.",
+        description=(
+            "The target's tensor parallel size (vLLM's --tensor-parallel-size), or auto to let "
+            "sizing decide. On one node: the GPUs of a replica. Across nodes: the GPUs of each "
+            "node with acrossNodes PipelineParallel, of all nodes with TensorParallel."
+        ),
+    )
+    across_nodes: AcrossNodes = Field(
+        default="PipelineParallel",
+        description=(
+            "How the target spans the nodes of a replica when placement.nodesPerReplica is "
+            "not 1: PipelineParallel (tensor parallel within each node, one pipeline stage per "
+            "node; the draft runs on the last stage) or TensorParallel (tensor parallel over "
+            "every GPU of every node of the replica, for NVLink domains that span nodes)."
+        ),
     )
     max_model_len: int | None = Field(
         default=None, ge=1, description="Maximum context length (prompt + output)."
@@ -531,6 +545,22 @@ class PlacementSpec(ApiModel):
         ),
     )
     gpu: GpuPlacement | None = Field(default=None, description="GPU product and MIG policy.")
+    nodes_per_replica: IntOrAuto = Field(
+        default=1,
+        description=(
+            "Nodes one replica spans (a LeaderWorkerSet group of a leader and nodes - 1 "
+            "workers, admitted whole by Kueue): 1 (one pod per replica), a number, or auto "
+            "(sizing chooses the fewest nodes that hold the pair). gpu.count is then per node."
+        ),
+    )
+    topology_key: LabelKey | None = Field(
+        default=None,
+        description=(
+            "With more than one node per replica: a node label whose value every pod of a "
+            "group shares (an NVLink domain such as nvidia.com/gpu.clique, or a rack), one "
+            "group per value (LeaderWorkerSet's exclusive topology)."
+        ),
+    )
     node_selector: dict[LabelKey, LabelValue] | None = Field(
         default=None, max_length=32, description="Extra node labels the pods require."
     )
@@ -778,7 +808,11 @@ class MemoryBreakdown(ApiModel):
     overhead_gib: float = Field(alias="overheadGiB", description="Activations and runtime.")
     required_gib: float = Field(alias="requiredGiB", description="Total for one replica.")
     per_device_gib: float = Field(
-        alias="perDeviceGiB", description="Per GPU or slice, after tensor parallelism."
+        alias="perDeviceGiB",
+        description=(
+            "Per GPU or slice, after tensor parallelism; across nodes, the GPU that holds the "
+            "most (a rank of the last pipeline stage, which also runs the draft)."
+        ),
     )
 
 
@@ -791,8 +825,19 @@ class SizingDecision(ApiModel):
             "serving."
         )
     )
-    count: int = Field(ge=1, description="Devices per replica.")
+    count: int = Field(ge=1, description="Devices per pod (per node of a multi-node replica).")
     tensor_parallel_size: int = Field(ge=1, description="Target tensor parallel size.")
+    nodes_per_replica: int | None = Field(
+        default=None,
+        description="Nodes (pods) of one replica when it spans more than one; none for one.",
+    )
+    pipeline_parallel_size: int | None = Field(
+        default=None, description="Pipeline stages of the target across nodes; none for one."
+    )
+    draft_placement: str | None = Field(
+        default=None,
+        description="Multi-node replicas: which GPUs run the draft, and its tensor parallel size.",
+    )
     gpu_product: str | None = Field(default=None, description="GPU product chosen.")
     mig_profile: str | None = Field(default=None, description="MIG profile, e.g. 3g.40gb.")
     node_selector: dict[str, str] = Field(

@@ -26,7 +26,12 @@ from specdeploy.api import labels
 from specdeploy.api.conditions import Reason
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SpeculativeDeployment, SpeculativeDeploymentStatus
-from specdeploy.plan.children.manifests import RECORD_API_VERSION, RECORD_KIND
+from specdeploy.plan.children.manifests import (
+    LWS_API_VERSION,
+    LWS_KIND,
+    RECORD_API_VERSION,
+    RECORD_KIND,
+)
 from specdeploy.plan.decide import Decision, Snapshot, decide, watches_acceptance
 from specdeploy.plan.placement.gpu_catalog import catalog_for_config
 from specdeploy.plan.placement.sizing import models_needing_shapes
@@ -147,10 +152,18 @@ class Reconciler:
         deployments = [
             d for d in self.kube.list_deployments(namespace, selector) if _owned_by(d, uid)
         ]
+        lws_served = self.kube.serves_leader_worker_sets()
+        sets = [
+            s
+            for s in (self.kube.list_leader_worker_sets(namespace, selector) if lws_served else [])
+            if _owned_by(s, uid)
+        ]
         return Snapshot(
             body=body,
             nodes=self.kube.list_gpu_nodes(),
             deployments=deployments,
+            leader_worker_sets=sets,
+            leader_worker_sets_served=lws_served,
             records=[
                 r
                 for r in self.kube.list_objects(
@@ -172,7 +185,7 @@ class Reconciler:
                 self.kube.get_workload_priority_class(priority_class) if priority_class else None
             ),
             fetched_shapes=self._fetched_shapes(sd),
-            measurements=self._measurements(sd, deployments),
+            measurements=self._measurements(sd, [*deployments, *sets]),
             autotune=self._autotune_measurement(sd),
             autotune_trial=self._autotune_measurement(sd, trial=True),
         )
@@ -287,6 +300,9 @@ class Reconciler:
         for deployment_name in decision.deletes:
             self.kube.delete("apps/v1", "Deployment", namespace, deployment_name)
             self.kube.delete(RECORD_API_VERSION, RECORD_KIND, namespace, deployment_name)
+        for set_name in decision.delete_sets:
+            self.kube.delete(LWS_API_VERSION, LWS_KIND, namespace, set_name)
+            self.kube.delete(RECORD_API_VERSION, RECORD_KIND, namespace, set_name)
         if decision.status_patch:
             self.kube.patch_status(namespace, name, decision.status_patch)
         for event in decision.events:

@@ -269,6 +269,7 @@ def route_event(
 WATCHED_CHILDREN = frozenset(
     {
         watch_cache.DEPLOYMENTS.name,
+        watch_cache.LEADER_WORKER_SETS.name,
         watch_cache.RECORDS.name,
         watch_cache.SERVICES.name,
         watch_cache.POD_MONITORS.name,
@@ -287,7 +288,8 @@ def reconciles_for(
     - an SD: listed (the operator's start, or a relist), or changed beyond its status (the
       spec, its labels or annotations, its deletion); its own status writes come back as
       events too and ask for nothing;
-    - a revision Deployment, its record, the Service, the PodMonitor (ours: managed-by): any
+    - a revision Deployment or LeaderWorkerSet, its record, the Service, the PodMonitor (ours:
+      managed-by): any
       change the store did not already hold (pods became ready, someone edited or deleted
       it), not the echo of our own write;
     - a pod whose engine container ended with the launcher's exit (its Deployment may not

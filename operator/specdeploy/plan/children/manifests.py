@@ -19,7 +19,9 @@ from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
 from specdeploy.plan.children.revision import engine_image
 from specdeploy.plan.children.vllm_args import (
     MODEL_MOUNT_PATH,
+    Role,
     build_vllm_args,
+    nodes_per_replica,
     tensor_parallel_size,
 )
 from specdeploy.plan.placement.kueue import kueue_labels
@@ -201,15 +203,22 @@ def build_pod_template(
     revision: str,
     sizing: SizingDecision | None,
     config: OperatorConfig,
+    role: Role = "leader",
 ) -> dict[str, Any]:
-    """The pod template of one revision; sd.spec must be the served spec (served_spec)."""
+    """The pod template of one revision; sd.spec must be the served spec (served_spec).
+
+    A replica on one node is one pod of this template. A replica across nodes is a group of
+    a leader (`role` leader: it serves the API and is scraped, as a single pod is) and workers
+    (`role` worker: vLLM ranks without an API, no port, no probe, not selected by the Service
+    nor scraped); both are built here, so what shapes an engine pod shapes both."""
     spec = sd.spec
+    serves_api = role == "leader"
     volumes, mounts = _volumes(spec, sizing)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": engine_image(spec, config),
         "command": list(config.engine_command),
-        "args": ["serve", "--", *build_vllm_args(spec, sizing)],
+        "args": ["serve", "--", *build_vllm_args(spec, sizing, role)],
         "ports": [{"name": PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": _env(spec, revision, sizing),
         "readinessProbe": {
@@ -221,6 +230,8 @@ def build_pod_template(
         "terminationMessagePath": "/dev/termination-log",
         "securityContext": json.loads(json.dumps(CONTAINER_SECURITY_CONTEXT)),
     }
+    if not serves_api:
+        del container["ports"], container["readinessProbe"]
     if mounts:
         container["volumeMounts"] = mounts
     node_selector = {
@@ -250,25 +261,48 @@ def build_pod_template(
             pod_spec["priorityClassName"] = options.priority_class_name
     # The spec's labels and annotations first: the operator's own keys always win (admission
     # refuses them in spec.pod already).
-    annotations = {
-        **((options.annotations if options else None) or {}),
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(ENGINE_PORT),
-        "prometheus.io/path": "/metrics",
-    }
+    annotations = {**((options.annotations if options else None) or {})}
+    if serves_api:
+        annotations.update(
+            {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(ENGINE_PORT),
+                "prometheus.io/path": "/metrics",
+            }
+        )
     if config.local_process:
         annotations[labels.LOCAL_PROCESS] = "true"
-    return {
-        "metadata": {
-            "labels": {
-                **((options.labels if options else None) or {}),
-                **common_labels(sd),
-                labels.REVISION: revision,
-                labels.PAIR_VERSION: spec.pair.version,
-            },
-            "annotations": annotations,
+    owner = (
+        common_labels(sd)
+        if serves_api
+        else {labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.WORKER_OF: sd.metadata.name}
+    )
+    metadata: dict[str, Any] = {
+        "labels": {
+            **((options.labels if options else None) or {}),
+            **owner,
+            labels.REVISION: revision,
+            labels.PAIR_VERSION: spec.pair.version,
         },
-        "spec": pod_spec,
+    }
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": pod_spec}
+
+
+def revision_metadata(sd: SpeculativeDeployment, revision: str) -> dict[str, Any]:
+    """Metadata of a revision's child (Deployment or LeaderWorkerSet): `<sd>-<revision>`, the
+    SD's and revision's labels, Kueue's labels (read from this object by Kueue), the owner."""
+    return {
+        "name": deployment_name(sd.metadata.name, revision),
+        "namespace": sd.metadata.namespace,
+        "labels": {
+            **common_labels(sd),
+            labels.REVISION: revision,
+            labels.PAIR_VERSION: sd.spec.pair.version,
+            **kueue_labels(sd.spec),
+        },
+        "ownerReferences": [owner_reference(sd)],
     }
 
 
@@ -286,27 +320,73 @@ def build_revision_deployment(
     revision_hash with the same sizing and config. The selector includes the revision label,
     so this Deployment only ever owns pods of this exact pair.
     """
-    spec = sd.spec
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": deployment_name(sd.metadata.name, revision),
-            "namespace": sd.metadata.namespace,
-            "labels": {
-                **common_labels(sd),
-                labels.REVISION: revision,
-                labels.PAIR_VERSION: spec.pair.version,
-                **kueue_labels(spec),
-            },
-            "ownerReferences": [owner_reference(sd)],
-        },
+        "metadata": revision_metadata(sd, revision),
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(sd, revision)},
             "template": build_pod_template(sd, revision, sizing, config),
         },
     }
+
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+#: LeaderWorkerSet's annotation: every pod of a group on nodes with one value of this node label,
+#: and one group per value.
+EXCLUSIVE_TOPOLOGY_ANNOTATION = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+
+
+def build_revision_leaderworkerset(
+    sd: SpeculativeDeployment,
+    revision: str,
+    sizing: SizingDecision,
+    config: OperatorConfig,
+    *,
+    replicas: int = 0,
+) -> dict[str, Any]:
+    """The LeaderWorkerSet of one revision whose replicas span nodes: `replicas` groups of a
+    leader and nodes - 1 workers (sizing.nodes_per_replica), built from the same pod template
+    as a Deployment's (build_pod_template), with the same name, labels and owner.
+
+    A pod of a group that restarts or goes recreates the whole group (vLLM's ranks cannot
+    rejoin a running process group); Kueue admits each group whole."""
+    spec = sd.spec
+    metadata = revision_metadata(sd, revision)
+    if spec.placement.topology_key:
+        metadata["annotations"] = {EXCLUSIVE_TOPOLOGY_ANNOTATION: spec.placement.topology_key}
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": nodes_per_replica(sizing),
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": build_pod_template(sd, revision, sizing, config, "leader"),
+                "workerTemplate": build_pod_template(sd, revision, sizing, config, "worker"),
+            },
+        },
+    }
+
+
+def build_revision_child(
+    sd: SpeculativeDeployment,
+    revision: str,
+    sizing: SizingDecision | None,
+    config: OperatorConfig,
+    *,
+    replicas: int = 0,
+) -> dict[str, Any]:
+    """The child of one revision: a Deployment, or a LeaderWorkerSet when a replica spans
+    nodes."""
+    if sizing is not None and nodes_per_replica(sizing) > 1:
+        return build_revision_leaderworkerset(sd, revision, sizing, config, replicas=replicas)
+    return build_revision_deployment(sd, revision, sizing, config, replicas=replicas)
 
 
 def sd_wide_metadata(sd: SpeculativeDeployment) -> dict[str, Any]:
@@ -370,8 +450,8 @@ def build_revision_record(deployment: dict[str, Any], sequence: int) -> dict[str
     their pod templates: its `data` is immutable, so an older revision's Deployment can be
     rebuilt exactly (to repair it, or to scale it back up) after the spec has moved on.
 
-    `deployment` is the revision's manifest from build_revision_deployment; its replicas are
-    left out (they change; the pods they make never do).
+    `deployment` is the revision's manifest from build_revision_child (a Deployment or a
+    LeaderWorkerSet); its replicas are left out (they change; the pods they make never do).
     """
     metadata = deployment["metadata"]
     data = {**deployment, "spec": {k: v for k, v in deployment["spec"].items() if k != "replicas"}}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Any
+from typing import Any, Literal
 
 from specdeploy.api.models import METHODS_WITHOUT_MODEL, ScheduleStep, SizingDecision
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
@@ -19,6 +19,15 @@ MODEL_MOUNT_PATH = "/models"
 # kubelet can substitute a free local port.
 HOST_ARG = "$(SPECDEPLOY_HOST)"
 PORT_ARG = "$(SPECDEPLOY_PORT)"
+# A replica across nodes is a LeaderWorkerSet group; LWS gives every pod of a group its
+# leader's address and its own index (0 for the leader) as environment variables.
+LEADER_ADDRESS_ARG = "$(LWS_LEADER_ADDRESS)"
+WORKER_INDEX_ARG = "$(LWS_WORKER_INDEX)"
+# vLLM's default port for the multi-node process group (torch.distributed), set explicitly.
+MASTER_PORT = 29501
+
+#: Which pod of a multi-node replica the arguments are for.
+Role = Literal["leader", "worker"]
 
 
 def tensor_parallel_size(spec: Spec, sizing: SizingDecision | None) -> int:
@@ -91,13 +100,32 @@ def speculative_config(spec: Spec, sizing: SizingDecision | None) -> dict[str, A
     return config
 
 
-def build_vllm_args(spec: Spec, sizing: SizingDecision | None) -> list[str]:
+def nodes_per_replica(sizing: SizingDecision | None) -> int:
+    """Nodes (pods) one replica spans: 1 unless sizing spread it across nodes."""
+    if sizing is None or sizing.nodes_per_replica is None:
+        return 1
+    return sizing.nodes_per_replica
+
+
+def multi_node_args(sizing: SizingDecision, role: Role) -> list[str]:
+    """vLLM's multiprocessing launch across nodes (no Ray): every pod runs `vllm serve` with
+    the same model and parallel sizes, `--nnodes`, its `--node-rank` and the leader's address;
+    the leader (rank 0) serves the API, the workers run `--headless` (engine ranks only)."""
+    rank = "0" if role == "leader" else WORKER_INDEX_ARG
+    args = ["--distributed-executor-backend", "mp"]
+    args += ["--nnodes", str(nodes_per_replica(sizing)), "--node-rank", rank]
+    args += ["--master-addr", LEADER_ADDRESS_ARG, "--master-port", str(MASTER_PORT)]
+    return [*args, "--headless"] if role == "worker" else args
+
+
+def build_vllm_args(spec: Spec, sizing: SizingDecision | None, role: Role = "leader") -> list[str]:
     """The `vllm serve` arguments for the served spec (see plan.rollout.speculation.served_spec).
 
     Order: the model (positional), `--revision` (hub models only), `--served-model-name`,
-    `--host`/`--port` as $(SPECDEPLOY_HOST)/$(SPECDEPLOY_PORT), `--tensor-parallel-size`,
-    the engine limits that are set, `--speculative-config` when there is a draft, then
-    spec.engine.extraArgs unchanged.
+    `--host`/`--port` as $(SPECDEPLOY_HOST)/$(SPECDEPLOY_PORT), `--tensor-parallel-size`
+    (and `--pipeline-parallel-size` across nodes), the engine limits that are set, for a
+    replica across nodes the multi-node launch of `role` (multi_node_args),
+    `--speculative-config` when there is a draft, then spec.engine.extraArgs unchanged.
     """
     target = spec.pair.target
     engine = spec.engine
@@ -107,12 +135,17 @@ def build_vllm_args(spec: Spec, sizing: SizingDecision | None) -> list[str]:
         args += ["--revision", revision]
     args += ["--served-model-name", target.model, "--host", HOST_ARG, "--port", PORT_ARG]
     args += ["--tensor-parallel-size", str(tensor_parallel_size(spec, sizing))]
+    pipeline = sizing.pipeline_parallel_size if sizing is not None else None
+    if pipeline is not None and pipeline > 1:
+        args += ["--pipeline-parallel-size", str(pipeline)]
     if engine.max_model_len is not None:
         args += ["--max-model-len", str(engine.max_model_len)]
     if engine.max_num_seqs is not None:
         args += ["--max-num-seqs", str(engine.max_num_seqs)]
     if engine.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", repr(engine.gpu_memory_utilization)]
+    if sizing is not None and nodes_per_replica(sizing) > 1:
+        args += multi_node_args(sizing, role)
     config = speculative_config(spec, sizing)
     if config is not None:
         args += ["--speculative-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]

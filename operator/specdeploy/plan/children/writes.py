@@ -18,8 +18,9 @@ from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SizingDecision, SpeculativeDeployment
 from specdeploy.plan.children.drift import decide_apply, drift_event, with_applied_hash
 from specdeploy.plan.children.manifests import (
+    LWS_KIND,
     build_pod_monitor,
-    build_revision_deployment,
+    build_revision_child,
     build_revision_record,
     build_service,
     deployment_from_record,
@@ -32,6 +33,8 @@ class LiveChildren:
     """The children of one SD as the API returned them."""
 
     deployments: Sequence[Mapping[str, Any]]
+    #: LeaderWorkerSets of revisions whose replicas span nodes.
+    leader_worker_sets: Sequence[Mapping[str, Any]]
     records: Sequence[Mapping[str, Any]]
     service: Mapping[str, Any] | None
     #: False while the PodMonitor kind is not served.
@@ -87,11 +90,12 @@ def plan_child_writes(
     current: dict[tuple[str, str], Mapping[str, Any] | None] = {
         ("Deployment", d["metadata"]["name"]): d for d in live.deployments
     }
+    current.update({(LWS_KIND, s["metadata"]["name"]): s for s in live.leader_worker_sets})
     wanted: list[dict[str, Any]] = []
     replace: list[str] = []
     create: list[dict[str, Any]] = []
     if desired_revision is not None and sizing is not None:
-        manifest = build_revision_deployment(
+        manifest = build_revision_child(
             served, desired_revision, sizing, config, replicas=plan.replicas[desired_revision]
         )
         record, stale = _record_for(manifest, records)

@@ -38,12 +38,14 @@ def decide(
     children = choose_child_writes(snapshot, world, serving, plan, config)
     status = report_status(snapshot, world, serving, pair=pair, canary=canary, plan=plan, now=now)
     sized = serving.pair.sized
+    sets = {r.name for r in world.revisions if r.kind == "LeaderWorkerSet"}
     return Decision(
         replace_records=children.replace_records,
         create_records=children.create_records,
         applies=children.applies,
         scales=children.scales,
-        deletes=plan.delete,
+        deletes=tuple(name for name in plan.delete if name not in sets),
+        delete_sets=tuple(name for name in plan.delete if name in sets),
         status_patch=status_patch(snapshot.body.get("status") or {}, status),
         events=collect_events(
             snapshot, serving, pair=pair, canary=canary, plan=plan, children=children, status=status

@@ -32,6 +32,10 @@ class Snapshot:
     local_queue: Mapping[str, Any] | None
     #: The Kueue WorkloadPriorityClass spec.placement names (read only with a queue), or None.
     priority_class: Mapping[str, Any] | None = None
+    #: LeaderWorkerSets owned by this SD (revisions whose replicas span nodes).
+    leader_worker_sets: Sequence[Mapping[str, Any]] = ()
+    #: Whether the LeaderWorkerSet kind is served (its CRD installed).
+    leader_worker_sets_served: bool = True
     #: Shapes of models neither the spec nor the catalog describes, read from their config.json.
     fetched_shapes: Mapping[str, ModelShape] = field(default_factory=dict)
     #: What Prometheus measured of each revision with ready pods (when it is read at all).
@@ -55,6 +59,8 @@ class Decision:
     scales: tuple[tuple[str, int], ...] = ()
     #: Revision Deployments (and their records, of the same name) to delete.
     deletes: tuple[str, ...] = ()
+    #: Revision LeaderWorkerSets (and their records, of the same name) to delete.
+    delete_sets: tuple[str, ...] = ()
     #: The merge patch of status; empty when nothing differs.
     status_patch: dict[str, Any] = field(default_factory=dict)
     events: tuple[RolloutEvent, ...] = ()

@@ -28,7 +28,7 @@ from specdeploy.plan.children.manifests import pod_selector
 from specdeploy.plan.children.revision import revision_hash
 from specdeploy.plan.children.writes import ChildWrites, LiveChildren, plan_child_writes
 from specdeploy.plan.decide.snapshot import Snapshot
-from specdeploy.plan.placement.admission import judge_admission
+from specdeploy.plan.placement.admission import describe_group, judge_admission
 from specdeploy.plan.placement.gpu_catalog import (
     GpuNodeInventory,
     GpuProduct,
@@ -69,7 +69,9 @@ class World:
 def read_world(snapshot: Snapshot, config: OperatorConfig, catalog: Sequence[GpuProduct]) -> World:
     """The SD, its analysis settings, the GPU inventory and its revision Deployments."""
     sd = SpeculativeDeployment.from_body(dict(snapshot.body))
-    found = (read_revision_deployment(d) for d in snapshot.deployments)
+    found = (
+        read_revision_deployment(d) for d in (*snapshot.deployments, *snapshot.leader_worker_sets)
+    )
     return World(
         sd=sd,
         settings=config.analysis_for(sd.spec.rollout.analysis),
@@ -100,6 +102,7 @@ def serve_pair(
     existing: Collection[str] = (),
     tokens: int | None = None,
     schedule: Sequence[ScheduleStep] | None = None,
+    lws_served: bool = True,
 ) -> ServedPair:
     """The served spec, what one replica of it runs on, and the revision those pods make.
 
@@ -124,6 +127,16 @@ def serve_pair(
         )
         if kept is not None and revision_hash(served.spec, kept, config) in existing:
             sized = kept
+    if isinstance(sized, SizingDecision) and (sized.nodes_per_replica or 1) > 1 and not lws_served:
+        sized = Unschedulable(
+            memory=sized.memory,
+            message=(
+                f"{sized.message}; but a replica across nodes is a LeaderWorkerSet group, and "
+                "the LeaderWorkerSet kind (leaderworkerset.x-k8s.io/v1) is not served here: "
+                "install the LeaderWorkerSet controller (Kueue's leaderworkerset integration "
+                "admits its groups)"
+            ),
+        )
     revision = (
         revision_hash(served.spec, sized, config) if isinstance(sized, SizingDecision) else None
     )
@@ -182,6 +195,7 @@ def choose_served_pair(
             existing=existing,
             tokens=tokens,
             schedule=schedule,
+            lws_served=snapshot.leader_worker_sets_served,
         )
 
     speculation = decide_speculation(sd.spec, config)
@@ -284,6 +298,7 @@ def choose_child_writes(
     """Every child's manifest, and the writes of those that differ (plan.children.writes)."""
     live = LiveChildren(
         deployments=snapshot.deployments,
+        leader_worker_sets=snapshot.leader_worker_sets,
         records=snapshot.records,
         service=snapshot.service,
         pod_monitor_served=snapshot.pod_monitor_served,
@@ -313,6 +328,15 @@ def report_status(
     """The status this reconcile concludes, Kueue's admission included."""
     spec = world.sd.spec
     queue = spec.placement.queue
+    sizing = serving.sizing
+    group_note = None
+    if sizing is not None and (sizing.nodes_per_replica or 1) > 1:
+        group_note = describe_group(
+            sizing.nodes_per_replica or 1,
+            sizing.count,
+            sizing.resource_name,
+            canary_revision=serving.desired_revision if plan.canary else None,
+        )
     admission = judge_admission(
         queue,
         snapshot.pods,
@@ -321,6 +345,8 @@ def report_status(
         missing_priority_class=(
             spec.placement.priority_class if snapshot.priority_class is None else None
         ),
+        group_sets={r.name for r in world.revisions if r.kind == "LeaderWorkerSet"},
+        group_note=group_note,
     )
     sized = serving.pair.sized
     seen = ObservedRollout(

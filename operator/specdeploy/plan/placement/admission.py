@@ -11,7 +11,7 @@ names the ClusterQueue.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from specdeploy.api.conditions import ConditionType, Reason
@@ -55,8 +55,15 @@ def judge_admission(
     workloads: Sequence[Mapping[str, Any]],
     local_queue: Mapping[str, Any] | None,
     missing_priority_class: str | None = None,
+    *,
+    group_sets: Collection[str] = (),
+    group_note: str | None = None,
 ) -> ConditionUpdate:
     """The Admitted condition from the pods' scheduling gates and their Kueue Workloads.
+
+    A replica across nodes is a LeaderWorkerSet group, which Kueue admits whole through one
+    Workload owned by the LeaderWorkerSet (one of `group_sets`); `group_note` says what a group
+    asks for, and is added to the reason pods wait.
 
     True when no pod is gated. False naming what Kueue lacks to admit them: the LocalQueue
     (`local_queue` None), the WorkloadPriorityClass `missing_priority_class` (Kueue makes no
@@ -111,7 +118,11 @@ def judge_admission(
     shortages: list[str] = []
     with_workload = 0
     for workload in workloads:
-        if not (_owner_names(workload, "Pod") & gated_names):
+        owned = _owner_names(workload, "Pod") & gated_names or (
+            _owner_names(workload, "LeaderWorkerSet") & set(group_sets)
+            and not _condition_true(workload, "QuotaReserved")
+        )
+        if not owned:
             continue
         with_workload += 1
         reserved = _condition(workload, "QuotaReserved")
@@ -125,10 +136,30 @@ def judge_admission(
         lacks = " has no Workload for them yet"
     else:
         lacks = " has not admitted them yet"
+    note = f"; {group_note}" if group_note else ""
     return ConditionUpdate(
         ConditionType.ADMITTED,
         "False",
         Reason.WAITING_FOR_QUOTA,
         f"{len(gated)} of {len(live)} pods wait for quota: ClusterQueue "
-        f"{cluster_queue or '?'} (LocalQueue {queue}){lacks}",
+        f"{cluster_queue or '?'} (LocalQueue {queue}){lacks}{note}",
     )
+
+
+def _condition_true(obj: Mapping[str, Any], type_: str) -> bool:
+    found = _condition(obj, type_)
+    return found is not None and found.get("status") == "True"
+
+
+def describe_group(
+    nodes: int, gpus: int, resource: str, *, canary_revision: str | None = None
+) -> str:
+    """What one replica across nodes asks Kueue for, said once pods wait: a group is admitted
+    whole or not at all, so a canary needs a whole group of quota beside the stable's."""
+    group = f"{nodes} pods x {gpus} {resource} ({nodes * gpus})"
+    if canary_revision is not None:
+        return (
+            f"the canary {canary_revision} is a whole extra group of {group} beside the "
+            "stable revision's groups: Kueue admits a group whole or not at all"
+        )
+    return f"each replica is a group of {group}, admitted whole or not at all"

@@ -569,6 +569,13 @@ def size_pair(
     wanted = _wanted_product(spec, products)
     forced_tp = spec.engine.tensor_parallel_size
     forced = pinned_count or (forced_tp if isinstance(forced_tp, int) else None)
+    spread = spec.placement.nodes_per_replica
+    if isinstance(spread, int) and spread > 1:
+        # Pinned across nodes: one node is never tried.
+        across = size_across_nodes(spec, need, shapes, nodes, wanted)
+        if across is not None:
+            return across
+        return _unschedulable_across(spec, need, shapes, nodes, wanted=wanted, spread=spread)
 
     if mig_policy != "Never" and pinned_count is None and forced in (None, 1):
         mig = choose_mig_profile(need, nodes, wanted, pinned_profile)
@@ -626,6 +633,11 @@ def size_pair(
                 ),
             )
 
+    if spread == "auto" and mig_policy != "Required":
+        across = size_across_nodes(spec, need, shapes, nodes, wanted)
+        if across is not None:
+            return across
+
     if pinned_count is not None or pinned_profile is not None:
         refusal = _pinned_refusal(
             need,
@@ -673,10 +685,325 @@ def size_pair(
     if forced is not None:
         limits.append(f"tensor parallel {forced}")
     scope = f" (with {', '.join(limits)})" if limits else ""
+    hint = ""
+    if spread == 1 and mig_policy != "Required":
+        # What spreading the replica over nodes would take, so the user knows the way on.
+        across = size_across_nodes(
+            spec.model_copy(
+                update={
+                    "placement": spec.placement.model_copy(update={"nodes_per_replica": "auto"})
+                }
+            ),
+            need,
+            shapes,
+            nodes,
+            wanted,
+        )
+        if across is not None and across.nodes_per_replica is not None:
+            hint = (
+                f"; with placement.nodesPerReplica auto it would span {across.nodes_per_replica}"
+                f" nodes x {across.count} {across.gpu_product} GPUs"
+            )
     return Unschedulable(
         memory=memory,
         message=(
             f"needs {_describe(memory, need.gpu_memory_utilization)}; nothing in the "
-            f"cluster fits{scope}: {largest}, {memory.per_device_gib:.1f} GiB needed per device"
+            f"cluster fits{scope}: {largest}, {memory.per_device_gib:.1f} GiB needed per "
+            f"device{hint}"
+        ),
+    )
+
+
+def _unschedulable_across(
+    spec: Spec,
+    need: MemoryNeed,
+    shapes: PairShapes,
+    nodes: Sequence[GpuNodeInventory],
+    *,
+    wanted: GpuProduct | str | None,
+    spread: int,
+) -> Unschedulable:
+    """Why no `spread` nodes hold the replica: the most loaded GPU at the largest layout the
+    cluster's nodes allow, against the GPU's memory."""
+    best: tuple[float, str] | None = None
+    for node in nodes:
+        if node.product is None or node.whole_gpus <= 0 or not _product_matches(node, wanted):
+            continue
+        gpus = 1
+        while gpus * 2 <= node.whole_gpus:
+            gpus *= 2
+        layout = layout_for(spec, shapes, spread, gpus)
+        if layout is None:
+            continue
+        per_gpu = rank_memory(need, shapes, layout).total_gib / need.gpu_memory_utilization
+        text = (
+            f"{spread} nodes x {gpus} {node.product.name} GPUs would need {per_gpu:.1f} GiB on "
+            f"the most loaded GPU, which has {node.product.memory_gib:.1f}"
+        )
+        if best is None or node.product.memory_gib - per_gpu > best[0]:
+            best = (node.product.memory_gib - per_gpu, text)
+    memory = need.breakdown(spread)
+    where = best[1] if best else "the cluster has no whole GPUs of a product that fits the layout"
+    within = (
+        f" sharing a value of {spec.placement.topology_key}" if spec.placement.topology_key else ""
+    )
+    return Unschedulable(
+        memory=memory,
+        message=(
+            f"needs {_describe(memory, need.gpu_memory_utilization)}; no {spread} nodes"
+            f"{within} hold it (placement.nodesPerReplica {spread}, engine.acrossNodes "
+            f"{spec.engine.across_nodes}): {where}"
+        ),
+    )
+
+
+# --- replicas across nodes ------------------------------------------------------------------------
+
+#: The most nodes `nodesPerReplica: auto` considers for one replica.
+MAX_AUTO_NODES = 8
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """How one replica spans nodes: `gpus` GPUs on each of `nodes` nodes, the target split into
+    `pipeline` stages (one per node) of tensor parallel `tensor`, the draft at tensor parallel
+    `draft_tensor` on the last stage's GPUs (with pipeline 1, on every GPU of the replica)."""
+
+    nodes: int
+    gpus: int
+    tensor: int
+    pipeline: int
+    draft_tensor: int
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.gpus
+
+
+def layout_for(spec: Spec, shapes: PairShapes, nodes: int, gpus: int) -> NodeLayout | None:
+    """The parallel layout of `nodes` x `gpus` GPUs under engine.acrossNodes, or None when vLLM
+    cannot split the target so (tensor parallel must divide the attention heads, and the KV
+    heads or be a multiple of them; no more pipeline stages than layers)."""
+    target = shapes.target
+    if spec.engine.across_nodes == "TensorParallel":
+        tensor, pipeline = nodes * gpus, 1
+    else:
+        tensor, pipeline = gpus, nodes
+    heads_ok = target.attention_heads % tensor == 0 and (
+        target.kv_heads % tensor == 0 or tensor % target.kv_heads == 0
+    )
+    if not heads_ok or pipeline > target.layers:
+        return None
+    wanted = spec.pair.draft.draft_tensor_parallel_size
+    draft_tensor = wanted if wanted is not None else tensor
+    if draft_tensor not in (1, tensor):
+        return None
+    return NodeLayout(nodes, gpus, tensor, pipeline, draft_tensor)
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """What one GPU of the replica's most loaded rank holds, in GiB (before utilization)."""
+
+    target_weights_gib: float
+    target_kv_gib: float
+    draft_weights_gib: float
+    draft_kv_gib: float
+    #: Layers of the target on this rank's stage, of how many.
+    stage_layers: int
+    layers: int
+    #: KV bytes one cached token takes on this GPU (target layers of its stage, and the draft).
+    kv_bytes_per_token: float
+
+    @property
+    def total_gib(self) -> float:
+        return (
+            self.target_weights_gib
+            + self.target_kv_gib
+            + self.draft_weights_gib
+            + self.draft_kv_gib
+            + ENGINE_OVERHEAD_GIB_PER_DEVICE
+        )
+
+
+def _kv_split(shape: ModelShape, tensor: int) -> int:
+    """Ranks the KV heads are split over: tensor parallel beyond the KV heads replicates them."""
+    return min(tensor, shape.kv_heads)
+
+
+def rank_memory(need: MemoryNeed, shapes: PairShapes, layout: NodeLayout) -> RankMemory:
+    """One GPU of the last pipeline stage (the most loaded: it also runs the draft): its share
+    of the target's layers (ceil(layers / stages)), their weights and KV split over the stage's
+    tensor parallel ranks, and the draft's weights and KV split over its own tensor parallel."""
+    target = shapes.target
+    stage_layers = math.ceil(target.layers / layout.pipeline)
+    share = stage_layers / target.layers
+    target_kv_token = kv_bytes_per_token(target) * share / _kv_split(target, layout.tensor)
+    draft_kv_token = 0.0
+    draft_weights = 0.0
+    if shapes.draft is not None:
+        draft_kv_token = kv_bytes_per_token(shapes.draft) / _kv_split(
+            shapes.draft, layout.draft_tensor
+        )
+        draft_weights = need.draft_weights_gib / layout.draft_tensor
+    return RankMemory(
+        target_weights_gib=need.target_weights_gib * share / layout.tensor,
+        target_kv_gib=target_kv_token * need.kv_tokens / GIB,
+        draft_weights_gib=draft_weights,
+        draft_kv_gib=draft_kv_token * need.kv_tokens / GIB,
+        stage_layers=stage_layers,
+        layers=target.layers,
+        kv_bytes_per_token=target_kv_token + draft_kv_token,
+    )
+
+
+def _rank_tokens(need: MemoryNeed, rank: RankMemory, device_gib: float) -> int:
+    """KV tokens the replica holds: what the most loaded GPU has left after its weights and
+    overhead, over the KV bytes a token takes there."""
+    free = device_gib * need.gpu_memory_utilization - rank.target_weights_gib
+    free -= rank.draft_weights_gib + ENGINE_OVERHEAD_GIB_PER_DEVICE
+    if free <= 0 or rank.kv_bytes_per_token <= 0:
+        return 0
+    return int(free * GIB // rank.kv_bytes_per_token)
+
+
+def draft_placement(shapes: PairShapes, layout: NodeLayout) -> str:
+    """Which GPUs of a multi-node replica run the draft."""
+    if shapes.draft is None:
+        return "no draft weights (the target alone, or a draft without a checkpoint)"
+    where = (
+        f"the last pipeline stage (node {layout.nodes} of {layout.nodes})"
+        if layout.pipeline > 1
+        else f"every node ({layout.devices} ranks)"
+    )
+    return f"on {where}, tensor parallel {layout.draft_tensor}"
+
+
+def _domains(nodes: Sequence[GpuNodeInventory], key: str | None) -> list[list[GpuNodeInventory]]:
+    """The nodes grouped by their value of the topology label (one group of all without one);
+    nodes without the label belong to no group when a key is given."""
+    if key is None:
+        return [list(nodes)]
+    groups: dict[str, list[GpuNodeInventory]] = {}
+    for node in nodes:
+        value = node.labels.get(key)
+        if value is not None:
+            groups.setdefault(value, []).append(node)
+    return [groups[v] for v in sorted(groups)]
+
+
+@dataclass(frozen=True)
+class MultiNodeChoice:
+    product: GpuProduct
+    node: GpuNodeInventory
+    layout: NodeLayout
+    rank: RankMemory
+
+
+def choose_nodes(
+    spec: Spec,
+    need: MemoryNeed,
+    shapes: PairShapes,
+    nodes: Sequence[GpuNodeInventory],
+    *,
+    wanted: GpuProduct | str | None,
+    node_counts: Sequence[int],
+) -> MultiNodeChoice | None:
+    """The fewest nodes (of `node_counts`), then the fewest GPUs per node, then the product with
+    less memory, whose most loaded GPU holds its share of the replica; the nodes must be of one
+    product, each offering the GPUs, and share a value of placement.topologyKey when it is set."""
+    gpu = spec.placement.gpu
+    pinned_count = gpu.count if gpu else None
+    forced = spec.engine.tensor_parallel_size
+    options: list[tuple[int, int, float, str, MultiNodeChoice]] = []
+    for domain in _domains(nodes, spec.placement.topology_key):
+        by_product: dict[str, list[GpuNodeInventory]] = {}
+        for node in domain:
+            if node.product is None or node.whole_gpus <= 0 or not _product_matches(node, wanted):
+                continue
+            by_product.setdefault(node.product.name, []).append(node)
+        for members in by_product.values():
+            product = members[0].product
+            assert product is not None
+            for count in node_counts:
+                for gpus in (1, 2, 4, 8, 16, 32, 64):
+                    if pinned_count is not None and gpus != pinned_count:
+                        continue
+                    offering = [n for n in members if n.whole_gpus >= gpus]
+                    if len(offering) < count:
+                        continue
+                    layout = layout_for(spec, shapes, count, gpus)
+                    if layout is None or (isinstance(forced, int) and layout.tensor != forced):
+                        continue
+                    rank = rank_memory(need, shapes, layout)
+                    if rank.total_gib / need.gpu_memory_utilization > product.memory_gib:
+                        continue
+                    node = min(offering, key=lambda n: n.node_name)
+                    choice = MultiNodeChoice(product, node, layout, rank)
+                    options.append((count, gpus, product.memory_gib, node.node_name, choice))
+                    break
+    if not options:
+        return None
+    return min(options, key=lambda o: o[:4])[4]
+
+
+def multi_node_counts(spec: Spec) -> list[int]:
+    """The node counts a replica may span beyond one: the pinned one, or 2 to MAX_AUTO_NODES."""
+    wanted = spec.placement.nodes_per_replica
+    if isinstance(wanted, int):
+        return [wanted] if wanted > 1 else []
+    return list(range(2, MAX_AUTO_NODES + 1))
+
+
+def size_across_nodes(
+    spec: Spec,
+    need: MemoryNeed,
+    shapes: PairShapes,
+    nodes: Sequence[GpuNodeInventory],
+    wanted: GpuProduct | str | None,
+) -> SizingDecision | None:
+    """A replica spread over nodes (placement.nodesPerReplica above 1 or auto), or None."""
+    counts = multi_node_counts(spec)
+    choice = (
+        choose_nodes(spec, need, shapes, nodes, wanted=wanted, node_counts=counts)
+        if counts
+        else None
+    )
+    if choice is None:
+        return None
+    layout, rank, product = choice.layout, choice.rank, choice.product
+    memory = need.breakdown(layout.devices)
+    per_gpu = rank.total_gib / need.gpu_memory_utilization
+    memory = memory.model_copy(update={"per_device_gib": round(per_gpu, 2)})
+    tokens = _rank_tokens(need, rank, product.memory_gib)
+    selector = {PRODUCT_LABEL: choice.node.product_label} if choice.node.product_label else {}
+    split = (
+        f"pipeline parallel {layout.pipeline} x tensor parallel {layout.tensor}"
+        if layout.pipeline > 1
+        else f"tensor parallel {layout.tensor} across the nodes"
+    )
+    draft = draft_placement(shapes, layout)
+    return SizingDecision(
+        resource_name=WHOLE_GPU_RESOURCE,
+        count=layout.gpus,
+        tensor_parallel_size=layout.tensor,
+        nodes_per_replica=layout.nodes,
+        pipeline_parallel_size=layout.pipeline,
+        draft_placement=draft,
+        gpu_product=product.name,
+        node_selector=selector,
+        memory=memory,
+        kv_cache_tokens=tokens,
+        full_length_sequences=tokens // need.max_model_len,
+        message=(
+            f"{layout.nodes} nodes x {layout.gpus} {product.name} GPUs, {split}, hold "
+            f"{_describe(memory, need.gpu_memory_utilization)}; the most loaded GPU (last "
+            f"stage: {rank.stage_layers} of {rank.layers} layers, draft {draft}) needs "
+            f"{per_gpu:.1f} of {product.memory_gib:.1f} GiB = (target weights "
+            f"{rank.target_weights_gib:.1f} + target KV {rank.target_kv_gib:.1f} + draft "
+            f"weights {rank.draft_weights_gib:.1f} + draft KV {rank.draft_kv_gib:.1f} + "
+            f"overhead {ENGINE_OVERHEAD_GIB_PER_DEVICE:.1f}) / gpuMemoryUtilization "
+            f"{need.gpu_memory_utilization:g}; the replica holds {tokens} KV tokens, "
+            f"{tokens // need.max_model_len} full-length sequences"
         ),
     )

@@ -32,14 +32,27 @@ class RevisionDeployment:
     pods: int = 0
     # False while the Deployment controller has not yet seen the latest spec (its status is old).
     observed: bool = True
+    #: Deployment, or LeaderWorkerSet for a revision whose replicas span nodes (then replicas
+    #: and ready_replicas count groups).
+    kind: str = "Deployment"
 
     @property
     def fully_ready(self) -> bool:
         return self.observed and self.ready_replicas >= self.replicas
 
 
+def _pod_template(child: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod template of a revision's child: a Deployment's, or a LeaderWorkerSet's leader's."""
+    spec = child.get("spec") or {}
+    if "leaderWorkerTemplate" in spec:
+        group = spec.get("leaderWorkerTemplate") or {}
+        return group.get("leaderTemplate") or group.get("workerTemplate") or {}
+    return spec.get("template") or {}
+
+
 def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeployment | None:
-    """Reads a child Deployment into its revision state; None if it carries no revision label."""
+    """Reads a revision's child (a Deployment, or a LeaderWorkerSet whose replicas are groups)
+    into its revision state; None if it carries no revision label."""
     metadata = deployment.get("metadata") or {}
     labels = metadata.get("labels") or {}
     revision = labels.get(REVISION)
@@ -48,7 +61,7 @@ def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeploymen
     spec = deployment.get("spec") or {}
     status = deployment.get("status") or {}
     pair: Mapping[str, Any] = {}
-    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+    containers = (_pod_template(deployment).get("spec") or {}).get("containers") or []
     for container in containers:
         for env in container.get("env") or []:
             if env.get("name") == PAIR_ENV and env.get("value"):
@@ -66,6 +79,7 @@ def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeploymen
         pair=pair,
         pods=int(status.get("replicas") or 0),
         observed=int(status.get("observedGeneration") or 0) >= int(metadata.get("generation") or 0),
+        kind="LeaderWorkerSet" if "leaderWorkerTemplate" in spec else "Deployment",
     )
 
 
