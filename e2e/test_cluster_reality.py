@@ -153,7 +153,12 @@ def test_a_missing_local_queue_is_named(
 
 
 def example_files() -> list[Path]:
-    return sorted(EXAMPLES.glob("*.yaml"))
+    """The examples applied together (not those applied alone, below)."""
+    return sorted(p for p in EXAMPLES.glob("*.yaml") if p.name not in ALONE)
+
+
+# Examples the example queues admit only alone: their group takes every H100 of the cohort.
+ALONE = {"llama-405b-multinode.yaml": "one replica is a group of 2 nodes x 8 H100: all 16"}
 
 
 # An example whose sizing today asks more than the example queues (the test bed's nodes) hold.
@@ -272,6 +277,47 @@ def test_every_example_is_admitted_by_the_example_queues_as_written(
         print(f"{name} status: {yaml.safe_dump(sd_of(kubectl, namespace, name).get('status'))}")
         raise
     # The SD's own condition follows at the operator's next round.
+    eventually(
+        lambda: admitted(kubectl, namespace, name).get("status") == "True",
+        60,
+        f"{namespace}/{name} Admitted=True",
+    )
+    assert "admitted by ClusterQueue gpu-" in admitted(kubectl, namespace, name)["message"]
+
+
+@pytest.mark.parametrize("filename", sorted(ALONE))
+def test_an_example_across_nodes_is_admitted_alone_as_a_whole_group(
+    kubectl: Kubectl, examples_applied: list[dict[str, Any]], filename: str
+) -> None:
+    """Once the other examples are gone, the group of a replica across nodes is admitted by
+    the example queues as written: one Workload for its leader and worker together."""
+    for other in examples_applied:
+        metadata = other["metadata"]
+        kubectl.run("delete", "sd", metadata["name"], "-n", metadata["namespace"], check=False)
+    namespaces = sorted({b["metadata"]["namespace"] for b in examples_applied})
+
+    def freed() -> bool:
+        return not any(
+            is_admitted(w)
+            for ns in namespaces
+            for w in kubectl.get_json("workloads.kueue.x-k8s.io", "-n", ns)["items"]
+        )
+
+    eventually(freed, 120, "the other examples' Workloads released")
+    path = EXAMPLES / filename
+    body = yaml.safe_load(path.read_text())
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    kubectl.run("apply", "-f", str(path))
+
+    def group_admitted() -> dict[str, Any] | None:
+        workloads = workloads_of(kubectl, namespace, name)
+        return workloads[0] if len(workloads) == 1 and is_admitted(workloads[0]) else None
+
+    workload = eventually(group_admitted, 120, f"the group of {namespace}/{name} admitted")
+    owners = {r["kind"] for r in workload["metadata"]["ownerReferences"]}
+    assert "LeaderWorkerSet" in owners, owners
+    counts = sorted(p["count"] for p in workload["spec"]["podSets"])
+    assert counts == [1, 1], workload["spec"]["podSets"]
     eventually(
         lambda: admitted(kubectl, namespace, name).get("status") == "True",
         60,

@@ -4,6 +4,7 @@ the LeaderWorkerSet of a revision, and the reconcile that makes, judges and prun
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from specdeploy.plan.placement.sizing import (
     Unschedulable,
     size_pair,
 )
+from specdeploy.plan.rollout.analysis import Measurement
 
 CONFIG = OperatorConfig()
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -421,3 +423,76 @@ def test_pruned_revisions_across_nodes_delete_their_leaderworkerset() -> None:
     assert not any(
         k == ("ControllerRevision", "serving", f"llama405b-chat-{names[0]}") for k in kube.objects
     )
+
+
+# --- canary analysis on groups ------------------------------------------------------------------
+
+GOOD = Measurement(acceptance_rate=0.8, mean_acceptance_length=3.4, draft_tokens=5000)
+BAD = Measurement(acceptance_rate=0.08, mean_acceptance_length=1.2, draft_tokens=5000)
+
+
+def judged_world(
+    canary_measures: Measurement,
+) -> tuple[FakeKube, Reconciler, list[str], str, str, list[datetime]]:
+    """The example serving its first group, then a new draft as a canary group, judged every
+    10 s by `canary_measures` (the stable group measures GOOD)."""
+    body = reconciled_body()
+    body["spec"]["rollout"] = {
+        "canary": {"replicas": 1},
+        "analysis": {
+            "interval": "10s",
+            "minDraftTokens": 100,
+            "failureLimit": 2,
+            "promoteAfter": 2,
+        },
+    }
+    kube = FakeKube(kwok_gpu_nodes())
+    kube.objects[("SpeculativeDeployment", "serving", "llama405b-chat")] = body
+    events: list[str] = []
+    now = [datetime(2026, 11, 26, 12, 0, tzinfo=UTC)]
+    measured: dict[str, Measurement] = {}
+    reconciler = Reconciler(
+        kube,  # type: ignore[arg-type]
+        OperatorConfig(),
+        lambda _body, _type, reason, message: events.append(f"{reason}: {message}"),
+        measure=lambda _ns, revision, _window: measured.get(revision, Measurement()),
+        clock=lambda: now[0],
+    )
+
+    def step(seconds: float = 0) -> None:
+        now[0] += timedelta(seconds=seconds)
+        reconciler.reconcile("serving", "llama405b-chat")
+        kube.make_ready()
+        reconciler.reconcile("serving", "llama405b-chat")
+
+    step()
+    stable = sd_status(kube)["stableRevision"]
+    body["spec"]["pair"]["draft"]["revision"] = "next"
+    body["metadata"]["generation"] += 1
+    step()
+    canary = sd_status(kube)["canaryRevision"]
+    measured.update({stable: GOOD, canary: canary_measures})
+    for _ in range(3):
+        step(10)
+    return kube, reconciler, events, stable, canary, now
+
+
+def groups(kube: FakeKube) -> dict[str, int]:
+    return {n.rsplit("-", 1)[1]: r for n, r in kube.leader_worker_sets().items()}
+
+
+def test_a_canary_group_that_passes_is_promoted_and_the_stable_group_retired() -> None:
+    kube, _, events, stable, canary, _ = judged_world(GOOD)
+    assert sd_status(kube)["stableRevision"] == canary
+    assert groups(kube) == {stable: 0, canary: 1}
+    assert any(e.startswith("CanaryPromoted") for e in events), events
+
+
+def test_a_canary_group_that_fails_is_rolled_back_while_the_stable_group_serves() -> None:
+    kube, _, events, stable, canary, _ = judged_world(BAD)
+    status = sd_status(kube)
+    assert status["stableRevision"] == stable
+    assert groups(kube) == {stable: 1, canary: 0}
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "RolledBack")
+    assert any(e.startswith("RolledBack") for e in events), events
