@@ -268,7 +268,8 @@ def test_a_revision_across_nodes_is_one_leaderworkerset_of_leader_and_workers() 
     assert leader["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     assert "annotations" not in worker["metadata"]
     assert "readinessProbe" in leader_engine
-    assert "readinessProbe" not in worker_engine
+    # No probe of any kind: a worker has no HTTP server to answer one.
+    assert not [key for key in worker_engine if key.endswith("Probe")]
     assert "ports" not in worker_engine
     assert worker_engine["args"][:2] == ["serve", "--"]
     assert worker_engine["args"][2:] == build_vllm_args(sd.spec, decision, "worker")
@@ -496,3 +497,13 @@ def test_a_canary_group_that_fails_is_rolled_back_while_the_stable_group_serves(
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "RolledBack")
     assert any(e.startswith("RolledBack") for e in events), events
+
+
+def test_ready_counts_groups_of_a_replica_across_nodes() -> None:
+    kube, reconciler, _ = setup(reconciled_body())
+    reconciler.reconcile("serving", "llama405b-chat")
+    kube.make_ready()
+    reconciler.reconcile("serving", "llama405b-chat")
+    ready = next(c for c in sd_status(kube)["conditions"] if c["type"] == "Ready")
+    revision = sd_status(kube)["stableRevision"]
+    assert ready["message"] == f"1/1 groups of 2 pods of revision {revision} ready"

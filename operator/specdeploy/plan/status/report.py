@@ -129,6 +129,9 @@ def _refusal_detail(seen: ObservedRollout) -> str:
 def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> ConditionUpdate:
     desired = next((r for r in seen.revisions if r.revision == seen.desired_revision), None)
     replicas = sd.spec.replicas
+    nodes = (seen.sizing.nodes_per_replica if seen.sizing else None) or 1
+    # A replica across nodes is a group of pods, ready when all of them are.
+    unit = f"groups of {nodes} pods" if nodes > 1 else "pods"
     if seen.desired_revision is None:
         return ConditionUpdate(
             ConditionType.READY, "False", Reason.UNSCHEDULABLE, seen.sizing_problem or ""
@@ -142,7 +145,7 @@ def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> Condition
             ConditionType.READY,
             "True",
             Reason.ALL_REPLICAS_READY,
-            f"{replicas}/{replicas} pods of revision {seen.desired_revision} ready",
+            f"{replicas}/{replicas} {unit} of revision {seen.desired_revision} ready",
         )
     if seen.rolled_back:
         return ConditionUpdate(
@@ -179,7 +182,7 @@ def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> Condition
         ConditionType.READY,
         "False",
         Reason.REPLICAS_NOT_READY,
-        f"{ready}/{replicas} pods of revision {seen.desired_revision} ready",
+        f"{ready}/{replicas} {unit} of revision {seen.desired_revision} ready",
     )
 
 
