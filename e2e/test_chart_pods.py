@@ -7,21 +7,18 @@ the process kubelet (not KWOK) runs them.
 
 One release is walked through its life: install, two pods Running and one holding the Lease, an
 SD served, the operator's metrics scraped by Prometheus through the chart's ServiceMonitor,
-`helm test`, the leader's process killed and the standby taking over and finishing a rollout,
-`helm upgrade` with a changed value rolling the operator's pods while the SD's pods stay, and
-`helm uninstall` leaving the SD serving.
+`helm test`, the leader's pod killed (deleted at once) and the standby taking over and finishing
+a rollout, `helm upgrade` with a changed value rolling the operator's pods while the SD's pods
+stay, and `helm uninstall` leaving the SD serving.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -93,10 +90,14 @@ def engine_pod_uids(kubectl: Kubectl, namespace: str, name: str) -> set[str]:
     return {p["metadata"]["uid"] for p in pods if not p["metadata"].get("deletionTimestamp")}
 
 
-def container_pid(pod: dict[str, Any]) -> int:
-    """The pid of the operator container's process (containerID `process://<pid>`)."""
-    (status,) = pod["status"]["containerStatuses"]
-    return int(status["containerID"].removeprefix("process://"))
+def kill_pod(kubectl: Kubectl, namespace: str, name: str) -> None:
+    """The pod deleted at once (grace 0, forced): its processes are killed without a grace
+    period, and it never comes back under its name (its Deployment makes another pod). Killing
+    only the process would not do: the container restarts in the same pod, whose name is the
+    Lease identity, and may take its own Lease back before the standby may."""
+    kubectl.run(
+        "delete", "pod", name, "-n", namespace, "--grace-period=0", "--force", "--wait=false"
+    )
 
 
 def describe(kubectl: Kubectl, operator: ChartOperator) -> str:
@@ -173,10 +174,9 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
         tested = helm.run("test", release, "-n", namespace, timeout=180)
         assert "Phase:          Succeeded" in tested.stdout, tested.stdout
 
-        # The leader's process killed: no clean release of the Lease; the standby takes it
-        # once it has not been renewed for leaseDurationSeconds, and reconciles from then on.
-        (leader_pod,) = [p for p in operator.pods() if p["metadata"]["name"] == leader]
-        os.kill(container_pid(leader_pod), signal.SIGKILL)
+        # The leader's pod killed: the standby takes the Lease (once the leader stopped renewing
+        # it for leaseDurationSeconds) and reconciles from then on.
+        kill_pod(kubectl, namespace, leader)
         eventually(lambda: operator.leader() == standby, 90, f"{standby} holding the Lease")
         kubectl.apply([llama_8b("chat", watched, draft_revision="eagle3-r2")])
         new_revision = eventually(
