@@ -79,7 +79,14 @@ def uses_pool(item: pytest.Item) -> bool:
 #: `make e2e` (testbed.lanes) they run alone, after the cluster-only and the real-engine tests
 #: have run side by side.
 SERIAL_MODULES = frozenset(
-    {"test_faults.py", "test_chart.py", "test_chart_pods.py", "test_render_vs_operator.py"}
+    {
+        "test_faults.py",
+        "test_chart.py",
+        "test_chart_pods.py",
+        "test_render_vs_operator.py",
+        # Freezes Prometheus until a new pod's first requests have finished.
+        "test_first_scrape.py",
+    }
 )
 SERIAL_TESTS = frozenset(
     {
