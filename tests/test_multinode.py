@@ -302,8 +302,12 @@ def test_a_canary_group_waiting_for_quota_says_it_needs_a_whole_group() -> None:
                 {
                     "type": "QuotaReserved",
                     "status": "False",
-                    "message": "couldn't assign flavors to pod set leader: insufficient unused "
-                    "quota for nvidia.com/gpu in flavor h100-80gb, 16 more needed",
+                    # As Kueue v0.19.2 words it for a group (seen on the test bed).
+                    "message": "couldn't assign flavors to pod set leader: flavor h200 doesn't "
+                    "match node affinity, insufficient unused quota for nvidia.com/gpu in "
+                    "flavor h100-80gb, 8 more needed; couldn't assign flavors to pod set "
+                    "worker: flavor h200 doesn't match node affinity, insufficient unused quota "
+                    "for nvidia.com/gpu in flavor h100-80gb, 16 more needed",
                 }
             ]
         },
@@ -321,7 +325,8 @@ def test_a_canary_group_waiting_for_quota_says_it_needs_a_whole_group() -> None:
         "beside the stable revision's groups: Kueue admits a group whole or not at all",
     )
     assert (update.status, update.reason) == ("False", "WaitingForQuota")
-    assert "lacks 16 nvidia.com/gpu (flavor h100-80gb)" in update.message
+    # The group lacks 16 (leader and worker), said once: not "8 ..., 16 ...".
+    assert "lacks 16 nvidia.com/gpu (flavor h100-80gb);" in update.message
     assert "whole extra group of 2 pods x 8 nvidia.com/gpu (16)" in update.message
 
 

@@ -41,11 +41,19 @@ def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
 
 
 def describe_shortage(message: str) -> str:
-    """Kueue's pending message reduced to what is missing: `4 nvidia.com/gpu (flavor h100)`."""
-    found = [
-        f"{m['amount']} {m['resource']} (flavor {m['flavor']})"
-        for m in QUOTA_SHORTAGE.finditer(message)
-    ]
+    """Kueue's pending message reduced to what is missing: `4 nvidia.com/gpu (flavor h100)`.
+
+    A Workload of several pod sets (a LeaderWorkerSet group: leader, workers) gets one clause
+    per pod set, each counting the pod sets before it too ("8 more needed" for the leader, "16
+    more needed" for leader and workers): per resource and flavor the largest is what the
+    Workload lacks."""
+    lacking: dict[tuple[str, str], str] = {}
+    for m in QUOTA_SHORTAGE.finditer(message):
+        key, amount = (m["resource"], m["flavor"]), m["amount"]
+        held = lacking.get(key, "")
+        if not (held.isdigit() and amount.isdigit()) or int(amount) > int(held):
+            lacking[key] = amount
+    found = [f"{amount} {res} (flavor {flavor})" for (res, flavor), amount in lacking.items()]
     return ", ".join(found) if found else message
 
 
