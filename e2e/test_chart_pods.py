@@ -19,6 +19,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,12 +31,23 @@ from chart_harness import (
     local_process_values,
     set_values,
 )
-from engine_cluster import apply_crds, condition, get_sd, kwok_operator_config, prometheus_value
+from engine_cluster import (
+    apply_crds,
+    condition,
+    get_sd,
+    kwok_operator_config,
+    operator_config,
+    prometheus_value,
+    tiny_sd,
+)
+from engine_harness import engine_python, engine_python_path, tiny_models
+from load import CompletionLoad
 from sd_bodies import llama_8b
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
 from testbed.prometheus_operator import served_monitor_crd
 
 pytestmark = pytest.mark.e2e
+__all__ = ["engine_python", "tiny_models"]  # session fixtures used here
 
 NAME_LABEL = "specdeploy.dev/name"
 
@@ -174,8 +186,8 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
         tested = helm.run("test", release, "-n", namespace, timeout=180)
         assert "Phase:          Succeeded" in tested.stdout, tested.stdout
 
-        # The leader's pod killed: the standby takes the Lease (once the leader stopped renewing
-        # it for leaseDurationSeconds) and reconciles from then on.
+        # The leader's pod killed: no clean release of the Lease; the standby takes it once it
+        # has not been renewed for leaseDurationSeconds, and reconciles from then on.
         kill_pod(kubectl, namespace, leader)
         eventually(lambda: operator.leader() == standby, 90, f"{standby} holding the Lease")
         kubectl.apply([llama_8b("chat", watched, draft_revision="eagle3-r2")])
@@ -214,3 +226,86 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
         assert kubectl.run("get", "crd", "speculativedeployments.specdeploy.dev").returncode == 0
         assert serving_revision(kubectl, watched, "chat") == new_revision
         assert engine_pod_uids(kubectl, watched, "chat") == serving_pods
+
+
+SD = "canary"
+ENGINE_READY_S = 420
+CANARY_ANALYSIS = {
+    "interval": "10s",
+    "window": "20s",
+    "minDraftTokens": 60,
+    "minAcceptanceRate": 0.5,
+    "maxDropVsStable": 0.3,
+    # Two engines share two cores here: latency is too noisy for a tight bound.
+    "maxLatencyIncrease": 3.0,
+    "failureLimit": 2,
+    "promoteAfter": 2,
+    "onInconclusive": "Hold",
+}
+
+
+def canary_sd(namespace: str, models: dict[str, str], version: str) -> dict[str, Any]:
+    """The tiny pair with draft-small, rolled out as a canary of one pod judged every 10 s."""
+    body = tiny_sd(SD, namespace, models, "draft-small", version)
+    body["spec"]["rollout"] = {"canary": {"replicas": 1}, "analysis": dict(CANARY_ANALYSIS)}
+    return body
+
+
+@pytest.mark.engine
+@pytest.mark.usefixtures("sd_crd")
+def test_the_standby_operator_pod_finishes_a_canary_when_the_leader_is_killed_during_it(
+    cluster: ClusterEnv, helm: Helm, namespace: str, release: str, tiny_models: dict[str, str]
+) -> None:
+    """Real engines: the chart's two pods serve the tiny pair; a new revision runs as a judged
+    canary under load; once its analysis has begun, the leader's pod is killed (deleted at
+    once), and the standby takes the Lease over and promotes the canary."""
+    kubectl = cluster.kubectl()
+    watched = f"{namespace}-sds"[:63]
+    create_namespace_with_queues(kubectl, watched)
+    config = {
+        **operator_config(str(engine_python_path()), cluster.prometheus_url),
+        "namespaces": [watched],
+    }
+    operator = ChartOperator(cluster, release, namespace)
+    try:
+        install(helm, release, namespace, *set_values({"config": config, **local_process_values()}))
+        try:
+            pods = eventually(lambda: operator.ready_pods(2), 120, "two operator pods Ready")
+            leader = eventually(operator.leader, 60, "a Lease holder")
+        except (AssertionError, TimeoutError):
+            print(describe(kubectl, operator))
+            raise
+        standby = next(p for p in pods if p != leader)
+        kubectl.apply([canary_sd(watched, tiny_models, "1-small")])
+        stable = eventually(
+            lambda: serving_revision(kubectl, watched, SD), ENGINE_READY_S, "the first pair Ready"
+        )
+        with CompletionLoad(kubectl, watched, SD, tiny_models["target"], cluster):
+            kubectl.apply([canary_sd(watched, tiny_models, "2-small")])
+
+            def canary_analysed() -> str | None:
+                status = get_sd(kubectl, watched, SD).get("status") or {}
+                canary = status.get("canaryRevision")
+                analysis = status.get("analysis") or {}
+                ours = canary not in (None, stable) and analysis.get("revision") == canary
+                return str(canary) if ours else None
+
+            canary = eventually(canary_analysed, ENGINE_READY_S, "the canary's analysis begun")
+            kill_pod(kubectl, namespace, leader)
+            eventually(lambda: operator.leader() == standby, 90, f"{standby} holding the Lease")
+            promoted = eventually(
+                lambda: (r := serving_revision(kubectl, watched, SD)) != stable and r,
+                ENGINE_READY_S,
+                "the canary promoted by the new leader",
+            )
+        assert promoted == canary
+        assert operator.leader() == standby
+        verdicts = get_sd(kubectl, watched, SD)["status"].get("revisions") or []
+        print(f"revisions: {verdicts}")
+    except (AssertionError, TimeoutError):
+        print(describe(kubectl, operator))
+        raise
+    finally:
+        # While the operator's pods run, so that the engines stop with their pods.
+        kubectl.run("delete", "sd", "--all", "-n", watched, "--timeout=90s", check=False)
+        kubectl.run("delete", "namespace", watched, "--wait=false", check=False)
