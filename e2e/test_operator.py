@@ -505,10 +505,13 @@ def test_exhausted_quota_gates_pods_with_a_reason_naming_the_queue(
     kubectl.apply([llama_8b("late", namespace)])
 
     def waiting() -> dict[str, Any] | None:
+        # The first reconcile after the pod is made may come before Kueue's Workload for it
+        # ("has no Workload for them yet"); the next round, after it, names what is missing.
         admitted = condition(sd_of(kubectl, namespace, "late"), "Admitted")
-        return admitted if admitted.get("status") == "False" else None
+        named = "lacks" in admitted.get("message", "")
+        return admitted if admitted.get("status") == "False" and named else None
 
-    admitted = eventually(waiting, 60, "Admitted=False on the late SD")
+    admitted = eventually(waiting, 60, "Admitted=False on the late SD, naming what it lacks")
     assert admitted["reason"] == "WaitingForQuota"
     assert "ClusterQueue interactive" in admitted["message"]
     assert "nvidia.com/mig-3g.40gb" in admitted["message"]
