@@ -777,6 +777,63 @@ def test_an_image_without_command_runs_its_entry_point_with_volumes_at_their_mou
     assert (folder / "volumes" / "scratch" / "y").read_text() == "y"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces with overlays need root")
+def test_an_empty_dir_over_the_folder_the_pod_and_its_image_live_in_hides_neither(
+    tmp_path: Path,
+) -> None:
+    """The chart's operator pod mounts an emptyDir at /tmp; with the project checked out under
+    /tmp (a clone in CI, pytest's tmp_path here) that volume lies over the pod's own volume
+    folders and over the folders standing in for the image's files. A runtime resolves its
+    mounts' sources before it mounts anything, and a volume never hides an image's files: the
+    ConfigMap is still read at its mount path, the program still runs, and what it writes to
+    /tmp lands in the emptyDir."""
+    assert tmp_path.is_relative_to("/tmp"), tmp_path
+    api = FakePodApi()
+    api.objects[("ConfigMap", "team-a", "settings")] = {"config.yaml": "interval: 7\n"}
+    image_files = tmp_path / "image"
+    image_files.mkdir()
+    program = image_files / "program.py"
+    program.write_text(
+        "import pathlib, sys\n"
+        "config = pathlib.Path('/etc/specdeploy-test/config.yaml').read_text()\n"
+        "pathlib.Path('/tmp/out.txt').write_text(' '.join(sys.argv[1:]) + ': ' + config)\n"
+    )
+    images = {
+        "example/operator:1": ImageEntry(
+            entrypoint=(sys.executable, str(program)), files=(str(image_files),)
+        )
+    }
+    container = {
+        "name": "operator",
+        "image": "example/operator:1",
+        "args": ["run"],
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/specdeploy-test", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    pod = local_pod(
+        "operator-0",
+        container,
+        restartPolicy="Never",
+        volumes=[
+            {"name": "config", "configMap": {"name": "settings"}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    )
+    kubelet = ProcessKubelet(api, tmp_path / "run", tmp_path / "sd", images=images)
+    try:
+        kubelet.resync([api.add(pod)])
+        wait_for(lambda: api.status_of("operator-0").get("phase") in ("Succeeded", "Failed"))
+    finally:
+        kubelet.stop()
+    (folder,) = (tmp_path / "run" / "pods").iterdir()
+    log = "".join(p.read_text() for p in folder.glob("*.log"))
+    assert api.status_of("operator-0")["phase"] == "Succeeded", log
+    assert (folder / "volumes" / "tmp" / "out.txt").read_text() == "run: interval: 7\n"
+    assert not Path("/etc/specdeploy-test").exists(), "a mount point was made on the host"
+
+
 def test_an_image_the_map_does_not_know_cannot_run_without_a_command(tmp_path: Path) -> None:
     api = FakePodApi()
     pod = local_pod("unknown-0", {"name": "app", "image": "specdeploy/engine:1"})

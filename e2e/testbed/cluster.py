@@ -26,7 +26,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -718,6 +718,8 @@ def testbed_images(folder: Path) -> dict[str, ImageEntry]:
         source=OPERATOR_DOCKERFILE,
         own_network=True,
     )
+    # The project and its virtualenv are the operator image's files.
+    operator = replace(operator, files=tuple(dict.fromkeys((str(REPO_ROOT), sys.prefix))))
     images = {f"specdeploy/operator:{chart_app_version()}": operator}
     busybox = shutil.which("busybox")
     if busybox is not None:
@@ -730,7 +732,11 @@ def testbed_images(folder: Path) -> dict[str, ImageEntry]:
             if not link.is_symlink():
                 link.symlink_to(gnu_wget if applet == "wget" and gnu_wget else busybox)
         images["busybox:1.37"] = ImageEntry(
-            cmd=("sh",), env={"PATH": str(applets)}, source="Debian's busybox", own_network=True
+            cmd=("sh",),
+            env={"PATH": str(applets)},
+            source="Debian's busybox",
+            own_network=True,
+            files=(str(applets),),
         )
     return images
 

@@ -121,18 +121,59 @@ def make_mount_point(
         target.mkdir(parents=True, exist_ok=True)
 
 
-def mount_volumes(spec: dict[str, object], user_xattr: bool = False) -> None:
+class HostPaths:
+    """Host paths held open from before the first mount, and reached through their descriptors
+    (`/proc/self/fd/N`) afterwards: a volume mounted over a parent of one (an emptyDir at /tmp
+    while the pod's folder is under /tmp) hides it by path, never by descriptor. A container
+    runtime resolves its mounts' sources in the host's namespace for the same reason."""
+
+    def __init__(self) -> None:
+        self._held: dict[Path, int] = {}
+
+    def hold(self, path: Path) -> Path:
+        """A path to `path` that no later mount can hide (`path` must exist)."""
+        path = path.absolute()
+        if path not in self._held:
+            self._held[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        return Path(f"/proc/self/fd/{self._held[path]}")
+
+
+def _under(path: Path, folder: Path) -> bool:
+    return path != folder and path.is_relative_to(folder)
+
+
+def mount_volumes(
+    spec: dict[str, object], user_xattr: bool = False, host: HostPaths | None = None
+) -> None:
+    """Bind-mount each volume folder at its target, parents before children; then put back the
+    host folders the image runs from (`keep`: the project and its virtualenv standing in for
+    the image's own files) where a volume's target hides them, as a volume never hides an
+    image's files."""
+    host = host or HostPaths()
     mounts = list(spec.get("mounts") or [])  # type: ignore[call-overload]
     scratch = Path(str(spec["scratch"]))
+    scratch.mkdir(parents=True, exist_ok=True)
+    scratch = host.hold(scratch)
+    sources = {id(m): (host.hold(Path(m["source"])), Path(m["source"]).is_file()) for m in mounts}
+    keep = [Path(p) for p in spec.get("keep") or [] if Path(p).exists()]  # type: ignore[attr-defined]
+    kept = {path: host.hold(path) for path in keep}
     overlaid: set[Path] = set()
     # Parents before children, as kubelet orders them.
     for mount in sorted(mounts, key=lambda m: len(Path(m["target"]).parts)):
-        source, target = Path(mount["source"]), Path(mount["target"])
+        (source, is_file), target = sources[id(mount)], Path(mount["target"])
         if not target.exists():
-            make_mount_point(target, source.is_file(), scratch, overlaid, user_xattr)
+            make_mount_point(target, is_file, scratch, overlaid, user_xattr)
         _mount(str(source), str(target), None, MS_BIND | MS_REC)
         if mount.get("readOnly"):
             _mount(None, str(target), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC)
+    targets = [Path(m["target"]) for m in mounts]
+    for path, source in kept.items():
+        if any(_under(path, target) for target in targets):
+            try:  # a folder in the volume (an emptyDir stays shared with the pod's others)
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError:  # a read-only volume: in an overlay of it
+                make_mount_point(path, False, scratch, overlaid, user_xattr)
+            _mount(str(source), str(path), None, MS_BIND | MS_REC)
 
 
 def enter_network_namespace(ready: Path) -> None:
@@ -155,10 +196,14 @@ def main(argv: list[str]) -> int:
         print("usage: container_init.py MOUNTS.json -- PROGRAM [ARG...]", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[1]).read_text())
+    host = HostPaths()
     try:
-        mount_volumes(spec, user_xattr=enter_mount_namespace())
-        if spec.get("network"):
-            enter_network_namespace(Path(spec["ready"]))
+        # The file's folder held now: a volume over one of its parents must not hide it.
+        ready = Path(spec["ready"]) if spec.get("network") else None
+        ready = host.hold(ready.parent) / ready.name if ready is not None else None
+        mount_volumes(spec, user_xattr=enter_mount_namespace(), host=host)
+        if ready is not None:
+            enter_network_namespace(ready)
     except OSError as error:
         # The container could not be set up: like a runtime's create failure, exit 128.
         print(f"container_init: {error}", file=sys.stderr)

@@ -35,6 +35,10 @@ class ImageEntry:
     #: A network namespace of its own (`pod_network`): its ports are fixed, not
     #: SPECDEPLOY_PORT, so two pods of it on one host would collide in the host's.
     own_network: bool = False
+    #: Host folders standing in for the image's own files (the project and its virtualenv):
+    #: a volume mounted over a parent of one (an emptyDir at /tmp, with the project under /tmp)
+    #: does not hide it, as a volume never hides an image's files (container_init's `keep`).
+    files: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +47,7 @@ class ImageEntry:
             "env": dict(self.env),
             "source": self.source,
             "ownNetwork": self.own_network,
+            "files": list(self.files),
         }
 
     @classmethod
@@ -53,6 +58,7 @@ class ImageEntry:
             env=dict(data.get("env") or {}),
             source=str(data.get("source") or ""),
             own_network=bool(data.get("ownNetwork")),
+            files=tuple(data.get("files") or ()),
         )
 
 

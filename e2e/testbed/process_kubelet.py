@@ -909,7 +909,7 @@ class PodWorker(threading.Thread):
         cpu = self.cpus.take()
         try:
             run.child = spawn_child(
-                self._in_mount_namespace(run, argv, own_network),
+                self._in_mount_namespace(run, argv, own_network, image),
                 record_argv=argv,
                 env=run.env,
                 cwd=self.folder,
@@ -944,11 +944,16 @@ class PodWorker(threading.Thread):
         )
 
     def _in_mount_namespace(
-        self, run: ContainerRun, argv: list[str], own_network: bool = False
+        self,
+        run: ContainerRun,
+        argv: list[str],
+        own_network: bool = False,
+        image: ImageEntry | None = None,
     ) -> list[str]:
         """argv, started through container_init so that the container's volumes are at its
-        mount paths and, with `own_network`, in a network namespace of its own (unchanged for
-        a container with neither)."""
+        mount paths (not hiding the folders that stand in for its image's files) and, with
+        `own_network`, in a network namespace of its own (unchanged for a container with
+        neither)."""
         if not run.mounts and not own_network:
             return argv
         name = run.spec["name"]
@@ -972,6 +977,7 @@ class PodWorker(threading.Thread):
             "scratch": str(scratch),
             "network": own_network,
             "ready": str(ready),
+            "keep": list(image.files) if image else [],
         }
         spec_path = self.folder / f"{name}.mounts.json"
         spec_path.write_text(json.dumps(spec, indent=2) + "\n")
