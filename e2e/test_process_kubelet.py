@@ -190,15 +190,36 @@ def test_a_pod_monitor_of_the_real_crd_decides_where_and_how_the_pod_is_scraped(
             "podTargetLabels": ["specdeploy.dev/revision"],
         },
     }
+    job = f"{namespace}/pk-monitor"
+
+    def pod_targets() -> list[dict[str, Any]]:
+        return [
+            t
+            for t in _active_targets(prometheus_url)
+            if t["labels"].get("pod") == "web" and t["labels"].get("namespace") == namespace
+        ]
+
     with served_pod_monitor_crd(kubectl):
         kubectl.apply([monitor])
-        # Annotated too: a PodMonitor that selects a pod wins over its annotations.
+        # Annotated too: a PodMonitor that selects a pod wins over its annotations. The process
+        # kubelet sees the new CRD and its PodMonitor through a watch, as the Prometheus
+        # Operator does, so a pod that starts first can be scraped through its annotations
+        # for a moment: what is checked is where it settles, the PodMonitor's target alone.
         pod_manifest = local_pod("web", WEB, SCRAPE)
         core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod_manifest))
+        wait_for(
+            "the PodMonitor's target to be the pod's only one",
+            lambda: [t["labels"].get("job") for t in pod_targets()] == [job],
+        )
         query = f'demo_requests_total{{namespace="{namespace}",pod="web"}}'
+
+        def scraped_through_the_monitor_only() -> list[dict[str, Any]] | None:
+            found = prometheus_series(prometheus_url, query)
+            return found if found and all(s["metric"].get("job") == job for s in found) else None
+
         (series,) = wait_for(
-            "Prometheus to scrape the pod through the PodMonitor",
-            lambda: prometheus_series(prometheus_url, query),
+            "Prometheus to scrape the pod through the PodMonitor, and only through it",
+            scraped_through_the_monitor_only,
         )
         assert series["metric"] == {
             "__name__": "demo_requests_total",
@@ -207,32 +228,18 @@ def test_a_pod_monitor_of_the_real_crd_decides_where_and_how_the_pod_is_scraped(
             "pod": "web",
             "container": "web",
             "endpoint": "http",
-            "job": f"{namespace}/pk-monitor",
+            "job": job,
             "specdeploy_dev_revision": REVISION,
         }
 
         # A PodMonitor on a port the pod does not declare: no target left at all.
         monitor["spec"]["podMetricsEndpoints"] = [{"port": "metrics", "path": "/metrics"}]
         kubectl.apply([monitor])
-        wait_for(
-            "the pod's scrape target to go",
-            lambda: (
-                not any(
-                    t["labels"].get("pod") == "web" and t["labels"].get("namespace") == namespace
-                    for t in _active_targets(prometheus_url)
-                )
-            ),
-            seconds=30,
-        )
+        wait_for("the pod's scrape target to go", lambda: not pod_targets(), seconds=30)
     # The CRD and its PodMonitors are gone: the annotations again.
     wait_for(
         "the annotation target back",
-        lambda: any(
-            t["labels"].get("pod") == "web"
-            and t["labels"].get("namespace") == namespace
-            and t["labels"].get("job") == "kubernetes-pods"
-            for t in _active_targets(prometheus_url)
-        ),
+        lambda: any(t["labels"].get("job") == "kubernetes-pods" for t in pod_targets()),
         seconds=60,
     )
 
