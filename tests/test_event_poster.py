@@ -4,9 +4,8 @@ reconcile does not wait for the POSTs, they go in order, and a stop posts what i
 from __future__ import annotations
 
 import threading
-from typing import Any, cast
+from typing import Any
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from specdeploy.handlers.run import EventPoster
@@ -26,7 +25,7 @@ class SlowApi:
         self.first = threading.Event()
         self.fail = fail or set()
 
-    def create_namespaced_event(self, namespace: str, body: Any) -> None:
+    def __call__(self, namespace: str, body: Any) -> None:
         if not self.posted and not self.first.is_set():
             assert self.first.wait(10)
         if body["reason"] in self.fail:
@@ -36,7 +35,7 @@ class SlowApi:
 
 def test_the_reconcile_hands_events_over_without_waiting_and_they_go_in_order() -> None:
     api = SlowApi()
-    poster = EventPoster(cast(client.CoreV1Api, api), "op-1")
+    poster = EventPoster(api, "op-1")
     for reason in ("NewRevision", "Sized", "RolloutComplete"):
         poster(SD, "Normal", reason, "m")  # returns while the first POST is held
     assert api.posted == []
@@ -48,7 +47,7 @@ def test_the_reconcile_hands_events_over_without_waiting_and_they_go_in_order() 
 def test_a_refused_event_is_logged_and_the_next_ones_still_go() -> None:
     api = SlowApi(fail={"Sized"})
     api.first.set()
-    poster = EventPoster(cast(client.CoreV1Api, api), "op-1")
+    poster = EventPoster(api, "op-1")
     for reason in ("NewRevision", "Sized", "RolloutComplete"):
         poster(SD, "Normal", reason, "m")
     poster.close()
@@ -57,7 +56,7 @@ def test_a_refused_event_is_logged_and_the_next_ones_still_go() -> None:
 
 def test_beyond_the_backlog_events_are_dropped_not_waited_for() -> None:
     api = SlowApi()
-    poster = EventPoster(cast(client.CoreV1Api, api), "op-1", backlog=2)
+    poster = EventPoster(api, "op-1", backlog=2)
     poster(SD, "Normal", "First", "m")  # taken by the thread, held in its POST
     while not poster._waiting.empty():  # the thread took it
         threading.Event().wait(0.001)

@@ -6,7 +6,6 @@ import copy
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from specdeploy.adapters import watch_cache as wc
 from specdeploy.adapters.kube import KubeAdapter
@@ -335,20 +334,27 @@ def test_an_sd_event_asks_for_a_reconcile_only_when_more_than_its_status_changed
     assert wc.changed_beyond_status(seen, after) is asks
 
 
-def test_a_scale_of_ours_is_read_back_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Apps:
-        def __init__(self, _api_client: Any) -> None:
-            pass
+def test_a_scale_of_ours_is_read_back_at_once() -> None:
+    patched: list[dict[str, Any]] = []
 
-        def patch_namespaced_deployment_scale(self, name: str, *_: Any, **__: Any) -> Any:
-            return client.V1Scale(metadata=client.V1ObjectMeta(name=name, resource_version="9"))
+    class Scale:
+        def patch(self, body: dict[str, Any], name: str, **_: Any) -> dict[str, Any]:
+            patched.append(body)
+            return {"metadata": {"name": name, "resourceVersion": "9"}, "spec": body["spec"]}
 
-    monkeypatch.setattr(client, "AppsV1Api", Apps)
-    kube = ListingKube({"Deployment": [obj("sd-a", 3, extra={"replicas": 1})]})
-    kube.api_client = None  # type: ignore[assignment]
+    class Deployments:
+        def __init__(self) -> None:
+            self.subresources = {"scale": Scale()}
+
+    class ScalingKube(ListingKube):
+        def _resource(self, api_version: str, kind: str) -> Any:
+            return Deployments()
+
+    kube = ScalingKube({"Deployment": [obj("sd-a", 3, extra={"replicas": 1})]})
     selector = f"{labels.NAME}=sd"
     assert kube.list_deployments("ns", selector)[0]["spec"]["replicas"] == 1
     kube.scale_deployment("ns", "sd-a", 0)
+    assert patched == [{"spec": {"replicas": 0}}]
     [scaled] = kube.list_deployments("ns", selector)
     assert scaled["spec"]["replicas"] == 0
     assert scaled["metadata"]["resourceVersion"] == "9"

@@ -383,14 +383,21 @@ class KubeAdapter:
         return self._owned(cached, namespace, selector)
 
     def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
-        """Sets a Deployment's replicas through its scale subresource."""
+        """Sets a Deployment's replicas through its scale subresource (with the dynamic client:
+        the generated AppsV1Api module holds 9 MiB once imported)."""
+        scale_resource = self._resource("apps/v1", "Deployment").subresources["scale"]
         with _refusals("Deployment", name):
-            scale = client.AppsV1Api(self.api_client).patch_namespaced_deployment_scale(
-                name, namespace, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER
+            scale = scale_resource.patch(
+                body={"spec": {"replicas": replicas}},
+                name=name,
+                namespace=namespace,
+                content_type="application/merge-patch+json",
+                field_manager=FIELD_MANAGER,
+                serializer=_as_dict,
             )
         store = self.cache.store(wc.DEPLOYMENTS) if self.cache is not None else None
         held = store.get(namespace, name) if store is not None else None
-        version = getattr(getattr(scale, "metadata", None), "resource_version", None)
+        version = ((scale or {}).get("metadata") or {}).get("resourceVersion")
         if store is not None and held is not None and version:
             # The Scale's resourceVersion is its Deployment's after the write.
             held.setdefault("spec", {})["replicas"] = replicas

@@ -39,6 +39,7 @@ import kopf
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
 
 from specdeploy.adapters import watch_cache
 from specdeploy.adapters.kube import KubeAdapter
@@ -86,6 +87,8 @@ def load_config(source: str | None, kube: KubeAdapter | None = None) -> Operator
     return OperatorConfig.from_mapping(data)
 
 
+#: (namespace, Event) -> the POST of one Event.
+CreateEvent = Callable[[str, dict[str, Any]], object]
 #: Events waiting to be posted at most; beyond it new ones are dropped (and logged).
 EVENT_BACKLOG = 1000
 
@@ -100,8 +103,8 @@ class EventPoster:
     reconcile writes. A failure to post is logged, never raised; `close` posts what is waiting.
     """
 
-    def __init__(self, api: client.CoreV1Api, instance: str, backlog: int = EVENT_BACKLOG) -> None:
-        self.api = api
+    def __init__(self, create: CreateEvent, instance: str, backlog: int = EVENT_BACKLOG) -> None:
+        self.create = create
         self.instance = instance
         self._waiting: queue.Queue[dict[str, Any] | None] = queue.Queue(backlog)
         self._thread = threading.Thread(target=self._post_each, name="events", daemon=True)
@@ -148,7 +151,7 @@ class EventPoster:
         while (event := self._waiting.get()) is not None:
             namespace = event["metadata"]["namespace"]
             try:
-                self.api.create_namespaced_event(namespace, cast(client.CoreV1Event, event))
+                self.create(namespace, event)
             except (ApiException, OSError) as error:
                 log.warning(
                     "event %s about %s/%s not posted: %s",
@@ -157,6 +160,17 @@ class EventPoster:
                     event["involvedObject"]["name"],
                     error,
                 )
+
+
+def event_creator(api_client: client.ApiClient) -> CreateEvent:
+    """Creates Events through the dynamic client: the generated CoreV1Api module alone holds
+    17 MiB once imported, and the operator needs one call of it."""
+    events = DynamicClient(api_client).resources.get(api_version="v1", kind="Event")  # type: ignore[no-untyped-call]
+
+    def create(namespace: str, event: dict[str, Any]) -> object:
+        return events.create(body=event, namespace=namespace)
+
+    return create
 
 
 @dataclass
@@ -402,7 +416,7 @@ def main(args: argparse.Namespace) -> int:
     # kopf's per-object INFO lines are only the routing handlers' "succeeded", one per event.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     identity = default_identity()
-    post_event = EventPoster(client.CoreV1Api(client.ApiClient()), identity)
+    post_event = EventPoster(event_creator(client.ApiClient()), identity)
     reconciler = Reconciler(kube, config, post_event, metrics=metrics)
     queues = Queues()
     registry = build_registry(cache, queues)
