@@ -1,17 +1,25 @@
 """An in-memory API server for one kind, as far as watch-fed stores see one: a resourceVersion
-counter over every change, LISTs at a resourceVersion, watches that resume from one and answer
-410 Gone once it is older than what the server still keeps, bookmarks; and a stream that feeds
-the operator's handlers the way kopf's watch does (a first listing, events in order, a
-relist after a 410).
+counter over every change, LISTs at a resourceVersion (whole, or in pages with `limit` and
+`continue` from one snapshot, a continue token expiring with compaction), watches that resume
+from one and answer 410 Gone once it is older than what the server still keeps, bookmarks; a
+stream that feeds the operator's handlers the way kopf's watch does (a first listing, events
+in order, a relist after a 410); and `serve_http`, which answers the kubernetes client's
+discovery and LIST requests over HTTP on 127.0.0.1, so that the operator's own LIST code runs
+unchanged against it.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from specdeploy.api import labels
 
@@ -33,6 +41,12 @@ class FakeApiServer:
     #: Events at or before this resourceVersion are forgotten (etcd compaction).
     compacted: int = 0
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    #: The objects each paged LIST read, by its resourceVersion (for its continue pages).
+    snapshots: dict[int, list[Obj]] = field(default_factory=dict)
+    #: Each LIST request answered: (verb, namespace, limit, continue token).
+    requests: list[tuple[str, str | None, int | None, str | None]] = field(default_factory=list)
+    #: Called before each LIST request is answered (a test changes the server between pages).
+    before_list: Callable[[], None] = lambda: None
 
     def _bump(self) -> str:
         self.rv += 1
@@ -83,6 +97,34 @@ class FakeApiServer:
                 items.append(item)
         return items, self.rv
 
+    def list_page(
+        self, namespace: str | None = None, limit: int | None = None, token: str | None = None
+    ) -> Obj:
+        """One LIST request as the API server answers it: a `...List` whose metadata holds the
+        resourceVersion of the snapshot it reads and, when `limit` left objects out, a
+        `continue` token for the next page of that same snapshot (etcd keeps old revisions
+        until compaction: a token older than that is GoneError, 410 ResourceExpired)."""
+        if token is None:
+            items, version = self.list_objects(namespace)
+            self.snapshots[version] = items
+            offset = 0
+        else:
+            version, offset = (int(part) for part in token.split(":"))
+            if version < self.compacted or version not in self.snapshots:
+                raise GoneError(version)
+            items = self.snapshots[version]
+        end = len(items) if not limit else offset + limit
+        metadata: Obj = {"resourceVersion": str(version)}
+        if end < len(items):
+            metadata["continue"] = f"{version}:{end}"
+        self.requests.append(("LIST", namespace, limit, token))
+        return {
+            "apiVersion": self.api_version,
+            "kind": f"{self.kind}List",
+            "metadata": metadata,
+            "items": copy.deepcopy(items[offset:end]),
+        }
+
     def watch(self, since: int) -> list[tuple[str, Obj]]:
         """Every event after `since`, in order: what a watch started at `since` streams;
         GoneError when `since` is compacted away."""
@@ -108,13 +150,10 @@ class KopfLikeStream:
     event type None), then the watch's events in order from the LIST's resourceVersion; a
     bookmark moves the position without an event; a reconnect from a compacted position gets
     410 and lists again (every object with type None, deletions meanwhile not shown).
-
-    `fill` is called for each object of the first listing (kopf's index handlers run for it
-    before any other handler), `deliver` for every event (the raw-event handler)."""
+    `deliver` is called for every event (the raw-event handler)."""
 
     server: FakeApiServer
     deliver: Callable[[str | None, Obj], None]
-    fill: Callable[[Obj], None] = lambda _: None
     position: int = 0
     relists: int = 0
     #: Objects each relist delivered (a relist of nothing cannot be noticed by a handler).
@@ -123,8 +162,6 @@ class KopfLikeStream:
 
     def start(self) -> None:
         items, self.position = self.server.list_objects()
-        for item in items:
-            self.fill(item)
         for item in items:
             self.deliver(None, item)
 
@@ -163,3 +200,105 @@ class KopfLikeStream:
     def catch_up(self) -> None:
         self.reconnect()
         self.pump()
+
+
+#: The kinds `serve_http` says it serves: enough discovery for the dynamic client.
+_RESOURCES = {
+    "apps/v1": [("deployments", "Deployment", True), ("deployments/scale", "Scale", True)],
+    "v1": [("pods", "Pod", True), ("nodes", "Node", False)],
+}
+
+
+def _discovery(path: str) -> Obj | None:
+    if path == "/version":
+        return {"major": "1", "minor": "34", "gitVersion": "v1.34.0"}
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"]}
+    if path == "/apis":
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [
+                {
+                    "name": "apps",
+                    "versions": [{"groupVersion": "apps/v1", "version": "v1"}],
+                    "preferredVersion": {"groupVersion": "apps/v1", "version": "v1"},
+                }
+            ],
+        }
+    group_version = {"/api/v1": "v1", "/apis/apps/v1": "apps/v1"}.get(path)
+    if group_version is None:
+        return None
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": [
+            {
+                "name": name,
+                "kind": kind,
+                "namespaced": namespaced,
+                "singularName": "",
+                "verbs": ["get", "list", "watch", "patch"],
+            }
+            for name, kind, namespaced in _RESOURCES[group_version]
+        ],
+    }
+
+
+@contextmanager
+def serve_http(server: FakeApiServer) -> Iterator[str]:
+    """`server` over HTTP on 127.0.0.1 (its URL), for the kubernetes client: discovery, and
+    LISTs of its kind (`?limit=` and `?continue=`, 410 with reason Expired for a token older
+    than compaction), cluster-wide or of one namespace."""
+    plural = next(name for name, kind, _ in _RESOURCES[server.api_version] if kind == server.kind)
+    prefix = "/api/v1" if server.api_version == "v1" else f"/apis/{server.api_version}"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            found = _discovery(url.path)
+            if found is None:
+                found = self._list(url.path, query)
+            if found is None:
+                self._answer(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+            elif found.get("kind") == "Status":
+                self._answer(found["code"], found)
+            else:
+                self._answer(200, found)
+
+        def _list(self, path: str, query: dict[str, str]) -> Obj | None:
+            namespace: str | None = None
+            if path.startswith(f"{prefix}/namespaces/"):
+                namespace, _, rest = path.removeprefix(f"{prefix}/namespaces/").partition("/")
+                path = f"{prefix}/{rest}"
+            if path != f"{prefix}/{plural}":
+                return None
+            server.before_list()
+            limit = int(query["limit"]) if query.get("limit") else None
+            try:
+                return server.list_page(namespace, limit, query.get("continue") or None)
+            except GoneError:
+                return {"kind": "Status", "code": 410, "reason": "Expired",
+                        "message": "The provided continue parameter is too old"}  # fmt: skip
+
+        def _answer(self, code: int, body: Obj) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=http.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{http.server_address[1]}"
+    finally:
+        http.shutdown()
+        http.server_close()

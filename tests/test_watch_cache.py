@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -168,9 +169,9 @@ def test_read_primes_once_then_serves_from_memory() -> None:
     cache = wc.WatchCache(["a", "b"])
     lists: list[str | None] = []
 
-    def lister(scope: str | None) -> tuple[list[dict[str, Any]], int]:
+    def lister(scope: str | None) -> list[tuple[list[dict[str, Any]], int]]:
         lists.append(scope)
-        return [obj("x", 1, namespace=scope or "")], 5
+        return [([obj("x", 1, namespace=scope or "")], 5)]
 
     def fallback() -> Any:
         raise AssertionError("no fallback once the LIST works")
@@ -181,9 +182,8 @@ def test_read_primes_once_then_serves_from_memory() -> None:
     assert cache.read(wc.DEPLOYMENTS, lister, reader, fallback) == [("a", "x"), ("b", "x")]
     assert cache.read(wc.DEPLOYMENTS, lister, reader, fallback) == [("a", "x"), ("b", "x")]
     assert lists == ["a", "b"]  # one LIST per watched namespace, once
-    assert cache.read(wc.NODES, lambda s: ([obj("n", 1, namespace="")], 1), reader, fallback) == [
-        ("", "n")
-    ]
+    nodes = [([obj("n", 1, namespace="")], 1)]
+    assert cache.read(wc.NODES, lambda s: nodes, reader, fallback) == [("", "n")]
     cache.expire()
     cache.read(wc.DEPLOYMENTS, lister, reader, fallback)
     assert lists == ["a", "b", "a", "b"]
@@ -192,7 +192,7 @@ def test_read_primes_once_then_serves_from_memory() -> None:
 def test_read_falls_back_to_the_api_while_the_kind_cannot_be_listed() -> None:
     cache = wc.WatchCache()
 
-    def lister(scope: str | None) -> tuple[list[dict[str, Any]], int]:
+    def lister(scope: str | None) -> list[tuple[list[dict[str, Any]], int]]:
         raise RuntimeError("the server could not find the requested resource")
 
     assert cache.read(wc.WORKLOADS, lister, lambda s: "cached", lambda: "from the API") == (
@@ -227,9 +227,11 @@ class ListingKube(KubeAdapter):
         self.objects = objects
         self.calls: list[str] = []
 
-    def _list_kind(self, kind: wc.Kind, namespace: str | None) -> tuple[list[dict[str, Any]], int]:
+    def _list_kind(
+        self, kind: wc.Kind, namespace: str | None
+    ) -> Iterator[tuple[list[dict[str, Any]], int]]:
         self.calls.append(f"LIST {kind.kind} {namespace}")
-        return [o for o in self.objects.get(kind.kind, [])], 100
+        yield [o for o in self.objects.get(kind.kind, [])], 100
 
     def _list(
         self, api_version: str, kind: str, namespace: str | None, selector: str | None = None
@@ -274,11 +276,11 @@ def test_a_refresh_keeps_serving_and_a_failed_one_keeps_the_store() -> None:
     cache = wc.WatchCache()
     store = cache.store(wc.NODES)
     store.prime([obj("old", 1, namespace="", owner=None)], [None], 1)
-    cache.refresh(wc.NODES, lambda scope: ([obj("new", 5, namespace="", owner=None)], 5))
+    cache.refresh(wc.NODES, lambda scope: [([obj("new", 5, namespace="", owner=None)], 5)])
     assert store.synced
     assert store.keys() == [("", "new")]
 
-    def broken(scope: str | None) -> tuple[list[dict[str, Any]], int]:
+    def broken(scope: str | None) -> list[tuple[list[dict[str, Any]], int]]:
         raise RuntimeError("forbidden")
 
     with pytest.raises(RuntimeError, match="forbidden"):
@@ -299,11 +301,15 @@ def test_a_kind_no_longer_served_empties_its_store() -> None:
 
 def test_the_first_listing_then_a_relist_is_told_apart() -> None:
     store = wc.KindStore()
-    assert not store.observe(None, obj("a", 3), streamed=False).relisted  # kopf's index
-    assert not store.observe(None, obj("a", 3)).relisted  # the same listing's event
-    assert store.observe(None, obj("a", 3)).relisted  # listed again: a relist
-    assert store.observe(None, obj("b", 9)).relisted  # a new object in a relist
-    assert not store.observe("MODIFIED", obj("a", 4)).relisted
+    assert not store.observe(None, obj("a", 3)).relisted  # the stream lists before our LIST
+    store.prime([obj("a", 3), obj("b", 4)], [None], 5)  # our first LIST
+    assert not store.observe(None, obj("b", 4)).relisted  # the stream's first listing
+    assert store.observe(None, obj("a", 3)).relisted  # a listed again: a relist
+    assert store.observe(None, obj("b", 4)).relisted
+    assert store.observe(None, obj("c", 9)).relisted  # a new object in a relist
+    assert not store.observe("MODIFIED", obj("a", 6)).relisted
+    store.prime([], [None], 20)  # a later LIST does not expect another first listing
+    assert store.observe(None, obj("d", 21)).relisted
 
 
 @pytest.mark.parametrize(
@@ -359,3 +365,39 @@ def test_a_scale_of_ours_is_read_back_at_once() -> None:
     assert scaled["spec"]["replicas"] == 0
     assert scaled["metadata"]["resourceVersion"] == "9"
     assert kube.calls == ["LIST Deployment ns"], "read back from the store, not the API"
+
+
+def test_a_list_in_pages_removes_only_what_no_page_held() -> None:
+    cache = wc.WatchCache()
+    store = cache.store(wc.NODES)
+    store.prime([obj(n, 1, namespace="", owner=None) for n in ("a", "b", "c", "gone")], [None], 1)
+    pages = [
+        ([obj("a", 1, namespace="", owner=None), obj("b", 1, namespace="", owner=None)], 10),
+        ([obj("c", 1, namespace="", owner=None)], 10),  # a continued page: the same snapshot
+    ]
+    cache.refresh(wc.NODES, lambda scope: iter(pages))
+    assert store.keys() == [("", "a"), ("", "b"), ("", "c")]
+
+
+def test_objects_are_kept_as_json_and_each_read_is_a_fresh_copy() -> None:
+    store = wc.KindStore()
+    store.observe("ADDED", obj("a", 1, extra={"replicas": 1}))
+    assert 0 < store.size() < 400
+    first, second = store.get("ns", "a"), store.get("ns", "a")
+    assert first == second
+    assert first is not second
+
+
+def test_a_node_keeps_what_sizing_reads() -> None:
+    cache = wc.WatchCache()
+    node = obj("n", 1, namespace="", owner=None, extra={"unschedulable": True, "podCIDR": "x"})
+    node["status"] = {
+        "allocatable": {"nvidia.com/gpu": "8"},
+        "capacity": {"nvidia.com/gpu": "8"},
+        "images": [{"names": ["registry/engine:1"], "sizeBytes": 1}] * 50,
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    cache.observe(wc.NODES, "ADDED", node)
+    [kept] = cache.store(wc.NODES).in_namespace(None, shared=True)
+    assert kept["spec"] == {"unschedulable": True}
+    assert set(kept["status"]) == {"allocatable", "capacity"}

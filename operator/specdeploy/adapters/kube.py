@@ -30,6 +30,8 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 KUEUE_GROUP = "kueue.x-k8s.io"
 POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
 LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
+#: Objects per page of the LISTs that fill the watch-fed stores.
+LIST_PAGE = 100
 
 #: What the API server answers a write it will refuse again however often it is sent: a body
 #: it cannot read (400) or an object that fails validation or admission (422).
@@ -144,24 +146,35 @@ class KubeAdapter:
         items: list[dict[str, Any]] = found.to_dict().get("items") or []
         return items
 
-    def _list_kind(self, kind: wc.Kind, namespace: str | None) -> tuple[list[dict[str, Any]], int]:
-        """One LIST of a cached kind (the priming read of its store): items, resourceVersion."""
+    def _list_kind(
+        self, kind: wc.Kind, namespace: str | None
+    ) -> Iterator[tuple[list[dict[str, Any]], int]]:
+        """One LIST of a cached kind, page by page (LIST_PAGE objects each, so that a large kind
+        is never held whole): each page's items and the LIST's resourceVersion."""
         if kind.api_version is not None:
             resource = self._resource(kind.api_version, kind.kind)
         else:
             resource = self.dynamic.resources.get(group=kind.group, kind=kind.kind, preferred=True)
-        # Unserialized: json.loads of a thousand objects is many times faster than the
-        # dynamic client's ResourceInstance and to_dict.
-        raw = resource.get(namespace=namespace, serialize=False)
-        found: dict[str, Any] = json.loads(raw.data)
-        version = str((found.get("metadata") or {}).get("resourceVersion") or "")
-        items: list[dict[str, Any]] = found.get("items") or []
-        for item in items:
-            # A LIST's items carry no apiVersion and kind (a watch event's and a GET's do), and
-            # plan.children.drift compares them with the desired manifest's.
-            item.setdefault("apiVersion", found.get("apiVersion"))
-            item.setdefault("kind", kind.kind)
-        return items, int(version) if version.isdigit() else -1
+        token: str | None = None
+        while True:
+            # Unserialized: json.loads of a page is many times faster than the dynamic
+            # client's ResourceInstance and to_dict.
+            raw = resource.get(
+                namespace=namespace, limit=LIST_PAGE, _continue=token, serialize=False
+            )
+            found: dict[str, Any] = json.loads(raw.data)
+            metadata = found.get("metadata") or {}
+            version = str(metadata.get("resourceVersion") or "")
+            items: list[dict[str, Any]] = found.get("items") or []
+            for item in items:
+                # A LIST's items carry no apiVersion and kind (a watch event's and a GET's
+                # do), and plan.children.drift compares them with the desired manifest's.
+                item.setdefault("apiVersion", found.get("apiVersion"))
+                item.setdefault("kind", kind.kind)
+            yield items, int(version) if version.isdigit() else -1
+            token = metadata.get("continue") or None
+            if token is None:
+                return
 
     def _cached(
         self,
@@ -195,24 +208,20 @@ class KubeAdapter:
         return found
 
     def list_speculative_deployments(self, namespaces: list[str]) -> list[tuple[str, str]]:
-        """(namespace, name) of every SpeculativeDeployment in `namespaces` (all when empty)."""
+        """(namespace, name) of every SpeculativeDeployment in `namespaces` (all when empty)
+        not being deleted."""
         scopes: list[str | None] = list(namespaces) or [None]
-        found: list[dict[str, Any]] = self._cached(
+        found: list[tuple[str, str]] = self._cached(
             wc.SD,
-            lambda store: [
-                item for scope in scopes for item in store.in_namespace(scope, shared=True)
-            ],
+            lambda store: [key for scope in scopes for key in store.names(scope)],
             lambda: [
-                item
+                (item["metadata"]["namespace"], item["metadata"]["name"])
                 for scope in scopes
                 for item in self._list(f"{GROUP}/{VERSION}", "SpeculativeDeployment", scope)
+                if not item["metadata"].get("deletionTimestamp")
             ],
         )
-        return [
-            (item["metadata"]["namespace"], item["metadata"]["name"])
-            for item in found
-            if not item["metadata"].get("deletionTimestamp")
-        ]
+        return found
 
     def list_gpu_nodes(self) -> list[dict[str, Any]]:
         """Every Node; sizing reads the GPU ones. From the cache these are the stored objects

@@ -5,25 +5,30 @@ One `KindStore` per kind holds stripped copies (no managedFields, no last-applie
 keyed by (namespace, name) and indexed by the `specdeploy.dev/name` label. kopf's watch
 handlers feed it (`WatchCache.observe`, handlers.run), the adapter's own writes feed it their
 answers (`KindStore.write_through`), and a store counts as synced only once one LIST of the
-kind filled it (`KindStore.prime`): until then, and after each `WatchCache.expire` (a rare
-resync that bounds the effect of a missed event), `KubeAdapter` reads the API server instead.
+kind filled it (`WatchCache.refresh`, page by page): the operator lists every kind at its start
+(handlers.run.fill_stores) and again after a watch gap and periodically (handlers.workers);
+until a store is synced, `WatchCache.read` lists it on demand, or reads the API server while
+the kind cannot be listed.
 Pure: no I/O here.
 """
 
 from __future__ import annotations
 
-import copy
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from specdeploy import GROUP, VERSION
 from specdeploy.api import labels
 
 Key = tuple[str, str]
 Obj = dict[str, Any]
+#: One LIST of a kind in a scope (a namespace, or None for all): its pages, each (items, the
+#: LIST's resourceVersion).
+Lister = Callable[[str | None], Iterable[tuple[list[Obj], int]]]
 
 #: Annotations that hold a whole earlier copy of the object: never read by the reconcile.
 DROPPED_ANNOTATIONS = frozenset(
@@ -38,11 +43,13 @@ def strip(
     obj: Mapping[str, Any],
     keep: frozenset[str] | None = None,
     keep_spec: frozenset[str] | None = None,
+    keep_status: frozenset[str] | None = None,
 ) -> Obj:
     """`obj` without the fields the reconcile never reads and that make up most of an object's
     size (managedFields and last-applied annotations); with `keep`, only those top-level fields
-    (a CRD's schema is never read, only its status), with `keep_spec` only those fields of its
-    spec (of a pod, the reconcile reads its scheduling gates only).
+    (a CRD's schema is never read, only its status), with `keep_spec` and `keep_status` only
+    those fields of its spec and status (of a pod, the reconcile reads its scheduling gates and
+    node only; of a node, its allocatable resources, not its images or conditions).
 
     The result shares what it keeps with `obj` (a watch event's or an API answer's parsed
     JSON, which nothing changes afterwards) rather than copying it: copying every event of
@@ -53,6 +60,8 @@ def strip(
             continue
         if key == "spec" and keep_spec and isinstance(value, Mapping):
             stripped[key] = {field: x for field, x in value.items() if field in keep_spec}
+        elif key == "status" and keep_status and isinstance(value, Mapping):
+            stripped[key] = {field: x for field, x in value.items() if field in keep_status}
         elif key == "metadata" and isinstance(value, Mapping):
             stripped[key] = _stripped_metadata(value)
         else:
@@ -118,13 +127,35 @@ class Tombstone:
 @dataclass(frozen=True)
 class Seen:
     """What one watch event changed in a store: `news` when the store's copy moved (a newer
-    object, or one removed), `relisted` when the stream listed an object it had already
-    delivered (kopf lists afresh after a watch it could not resume, and a LIST shows no
-    deletions), `previous` the copy held before."""
+    object, or one removed), `relisted` when the stream listed an object it had not
+    delivered as expected (kopf lists afresh after a watch it could not resume, and a LIST
+    shows no deletions), `previous` the copy held before."""
 
     news: bool
     relisted: bool = False
-    previous: Obj | None = None
+    previous_json: bytes | None = None
+
+    @property
+    def previous(self) -> Obj | None:
+        return _decode(self.previous_json) if self.previous_json is not None else None
+
+
+class _Held(NamedTuple):
+    """What a store keeps beside an object's JSON, to order, index and list it unread."""
+
+    version: int
+    uid: str | None
+    owner: str | None
+    deleting: bool
+
+
+def _encode(obj: Mapping[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _decode(raw: bytes) -> Obj:
+    found: Obj = json.loads(raw)
+    return found
 
 
 class KindStore:
@@ -135,6 +166,9 @@ class KindStore:
     newer, a deletion removes only copies as old as itself or older and leaves a tombstone that
     refuses older copies (from a LIST made before it, or a watch event that lags), and a LIST
     removes what it no longer holds unless the store's copy is newer than the LIST.
+
+    Each object is kept as its compact JSON (about a fifth of the memory of the same object as
+    Python dicts and lists); a read decodes it, so what a reader gets is its own copy.
     Thread-safe: kopf's event loop writes while reconcile threads read."""
 
     def __init__(
@@ -143,19 +177,27 @@ class KindStore:
         labelled: bool = False,
         keep: frozenset[str] | None = None,
         keep_spec: frozenset[str] | None = None,
+        keep_status: frozenset[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.labelled = labelled
         self.keep = keep
         self.keep_spec = keep_spec
+        self.keep_status = keep_status
         self.clock = clock
-        self._objects: dict[Key, Obj] = {}
-        self._versions: dict[Key, int] = {}
+        self._objects: dict[Key, bytes] = {}
+        self._held: dict[Key, _Held] = {}
+        # Decoded objects handed out to readers that only read them (`in_namespace(shared)`).
+        self._shared: dict[Key, Obj] = {}
         self._by_owner: dict[Key, set[str]] = {}
         self._tombstones: dict[Key, Tombstone] = {}
-        # Keys filled from the stream's first listing whose own event is still to come: any
-        # other listed object (event type None) is a relist of the stream.
-        self._first_listing: set[Key] = set()
+        # Keys of our first LIST that the stream (kopf's watch, which makes a LIST of its own
+        # when it starts) has not shown yet, and keys the stream showed before that LIST was
+        # merged. Once the first LIST is merged, an object the stream lists (event type None)
+        # that it was not expected to is a relist of the stream.
+        self._expected_listing: set[Key] = set()
+        self._early_listing: set[Key] = set()
+        self._listed_once = False
         self._synced = False
         self._lock = threading.Lock()
         self.priming = threading.Lock()
@@ -164,43 +206,38 @@ class KindStore:
     def synced(self) -> bool:
         return self._synced
 
-    def mark_synced(self) -> None:
-        """The store holds the whole kind (its watch stream's first listing went through it)."""
-        self._synced = True
-
     def expire(self) -> None:
         """Marks the store unsynced: the next read goes to the API server and primes it."""
         self._synced = False
 
     # --- changes ----------------------------------------------------------------------------
 
-    def observe(
-        self, event_type: str | None, obj: Mapping[str, Any], *, streamed: bool = True
-    ) -> Seen:
+    def observe(self, event_type: str | None, obj: Mapping[str, Any]) -> Seen:
         """One watch event: DELETED removes the held copy unless it is newer than the deletion;
         anything else (ADDED, MODIFIED, a listing's None) stores the object unless the held
-        copy is as new or a deletion refuses it. `streamed=False` fills the store from the
-        stream's first listing ahead of its event (kopf's index handlers); a listed object
-        that came another way (a relist after a watch gap) is `Seen.relisted`."""
+        copy is as new or a deletion refuses it. A listed object the stream's first listing
+        does not account for (a relist after a watch gap) is `Seen.relisted`."""
         key = _key(obj)
         version = version_of(obj)
         with self._lock:
             previous = self._objects.get(key)
+            relisted = False
+            if not self._listed_once:
+                self._early_listing.add(key)
+            elif event_type is None and key not in self._expected_listing:
+                relisted = True
+            else:
+                # Shown by the stream: from now on the stream keeps this key current.
+                self._expected_listing.discard(key)
             if event_type == "DELETED":
-                self._first_listing.discard(key)
                 self._bury(key, Tombstone(_uid(obj), version, self.clock()))
-                held = self._versions.get(key)
-                if held is None or held > version:
-                    return Seen(news=False, previous=previous)
+                held = self._held.get(key)
+                if held is None or held.version > version:
+                    return Seen(news=False, previous_json=previous)
                 self._remove(key)
-                return Seen(news=True, previous=previous)
-            if not streamed:
-                self._first_listing.add(key)
-                return Seen(news=self._upsert_locked(key, obj, version), previous=previous)
-            relisted = event_type is None and key not in self._first_listing
-            self._first_listing.discard(key)
+                return Seen(news=True, previous_json=previous)
             news = self._upsert_locked(key, obj, version)
-            return Seen(news=news, relisted=relisted, previous=previous)
+            return Seen(news=news, relisted=relisted, previous_json=previous)
 
     def write_through(self, obj: Mapping[str, Any], *, only_known: bool = False) -> None:
         """The API server's answer to one of our writes, so that a reconcile right after it
@@ -218,11 +255,10 @@ class KindStore:
         is taken as usual."""
         key = (namespace, name)
         with self._lock:
-            held = self._objects.get(key)
+            held = self._held.get(key)
             if held is None:
                 return
-            stone = Tombstone(_uid(held), self._versions.get(key, -1), self.clock(), ours=True)
-            self._bury(key, stone)
+            self._bury(key, Tombstone(held.uid, held.version, self.clock(), ours=True))
             self._remove(key)
 
     def prime(
@@ -233,27 +269,53 @@ class KindStore:
         stored unless the held copy is as new or a deletion refuses it; a held object the LIST
         does not hold is removed (and refused up to `version`) unless it is newer than the
         LIST (created since). Tombstones older than TOMBSTONE_SECONDS go."""
-        listed = {_key(item): item for item in items}
+        listed = self.merge_page(items)
+        self.remove_unlisted(listed, scopes, version)
+
+    def merge_page(self, items: Iterable[Mapping[str, Any]]) -> set[Key]:
+        """One page of a LIST into the store (see `prime`); returns the keys it listed."""
+        listed = set()
+        with self._lock:
+            for item in items:
+                key = _key(item)
+                listed.add(key)
+                self._upsert_locked(key, item, version_of(item))
+        return listed
+
+    def remove_unlisted(self, listed: set[Key], scopes: Iterable[str | None], version: int) -> None:
+        """Ends a LIST merged page by page (see `prime`): what it did not hold goes."""
         wanted = set(scopes)
         now = self.clock()
         with self._lock:
-            for key in list(self._objects):
+            for key, held in list(self._held.items()):
                 in_scope = None in wanted or key[0] in wanted
-                if in_scope and key not in listed and self._versions[key] <= version:
+                if in_scope and key not in listed and held.version <= version:
                     # Held at a version the LIST has seen, and not in it: deleted since.
-                    self._bury(key, Tombstone(_uid(self._objects[key]), version, now))
+                    self._bury(key, Tombstone(held.uid, version, now))
                     self._remove(key)
+                    self._expected_listing.discard(key)
             for key, stone in list(self._tombstones.items()):
                 in_scope = None in wanted or key[0] in wanted
                 if in_scope and key not in listed and not stone.ours and stone.version < version:
                     # Still gone at `version`: older copies stay refused up to it.
                     self._tombstones[key] = Tombstone(stone.uid, version, stone.at)
-            for key, item in listed.items():
-                self._upsert_locked(key, item, version_of(item))
-            for key, stone in list(self._tombstones.items()):
-                if now - stone.at > TOMBSTONE_SECONDS:
+                elif now - stone.at > TOMBSTONE_SECONDS:
                     del self._tombstones[key]
+            if not self._listed_once:
+                # The stream's own first listing holds what this first LIST held (bar what
+                # changed between the two), less what the stream already showed.
+                self._listed_once = True
+                self._expected_listing = listed - self._early_listing
+                self._early_listing = set()
         self._synced = True
+
+    def awaiting_stream(self) -> int:
+        """How many objects of the first LIST the stream has not shown yet. When the stream
+        started after that LIST (kopf lists and then watches from its own LIST), an object
+        deleted in between is never shown deleted: it stays held, and waiting, until a LIST of
+        ours made after the stream's removes it (handlers.workers.confirm_first_listings)."""
+        with self._lock:
+            return len(self._expected_listing)
 
     def _bury(self, key: Key, stone: Tombstone) -> None:
         """Records a deletion, merged with the one already recorded (the newer version wins;
@@ -278,8 +340,8 @@ class KindStore:
         stone = self._tombstones.get(key)
         if stone is not None and stone.refuses(_uid(obj), version):
             return False
-        held = self._versions.get(key)
-        if held is not None and held >= version:
+        held = self._held.get(key)
+        if held is not None and held.version >= version:
             return False
         if stone is not None:
             del self._tombstones[key]
@@ -288,18 +350,20 @@ class KindStore:
             # The label was taken off: no SD's child any more.
             return self._remove(key)
         self._remove(key)
-        self._objects[key] = strip(obj, self.keep, self.keep_spec)
-        self._versions[key] = version
+        self._objects[key] = _encode(strip(obj, self.keep, self.keep_spec, self.keep_status))
+        deleting = bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+        self._held[key] = _Held(version, _uid(obj), owner, deleting)
         if owner is not None:
             self._by_owner.setdefault((key[0], owner), set()).add(key[1])
         return True
 
     def _remove(self, key: Key) -> bool:
-        held = self._objects.pop(key, None)
-        self._versions.pop(key, None)
+        self._objects.pop(key, None)
+        self._shared.pop(key, None)
+        held = self._held.pop(key, None)
         if held is None:
             return False
-        owner = _owner_label(held)
+        owner = held.owner
         if owner is not None:
             names = self._by_owner.get((key[0], owner), set())
             names.discard(key[1])
@@ -313,35 +377,52 @@ class KindStore:
         """The kind is not served (its CRD is gone): nothing of it exists."""
         with self._lock:
             self._objects.clear()
-            self._versions.clear()
+            self._held.clear()
+            self._shared.clear()
             self._by_owner.clear()
             self._tombstones.clear()
-            self._first_listing.clear()
+            self._expected_listing.clear()
+            self._early_listing.clear()
+            self._listed_once = True
         self._synced = True
 
     def get(self, namespace: str, name: str) -> Obj | None:
         """A copy of one object, or None."""
         with self._lock:
             held = self._objects.get((namespace, name))
-            return copy.deepcopy(held) if held is not None else None
+        return _decode(held) if held is not None else None
 
     def owned(self, namespace: str, owner: str) -> list[Obj]:
         """Copies of the objects labelled `specdeploy.dev/name=<owner>` in `namespace`."""
         with self._lock:
             names = sorted(self._by_owner.get((namespace, owner), ()))
-            return [copy.deepcopy(self._objects[(namespace, n)]) for n in names]
+            found = [self._objects[(namespace, n)] for n in names]
+        return [_decode(raw) for raw in found]
 
     def in_namespace(self, namespace: str | None, *, shared: bool = False) -> list[Obj]:
-        """Copies of every object of `namespace` (all when None). `shared` hands out the
-        stored objects themselves, for a caller that only reads them (the store replaces an
-        object on each event, never changes one in place): every reconcile reads every node,
-        and copying them all each time was most of a reconcile's cost."""
+        """Copies of every object of `namespace` (all when None). `shared` hands out one
+        decoded object per stored one, the same until the object changes, for a caller that
+        only reads them: every reconcile reads every node."""
         with self._lock:
-            return [
-                obj if shared else copy.deepcopy(obj)
-                for key, obj in sorted(self._objects.items())
-                if namespace is None or key[0] == namespace
-            ]
+            keys = [k for k in sorted(self._objects) if namespace is None or k[0] == namespace]
+            if not shared:
+                found = [self._objects[k] for k in keys]
+            else:
+                for key in keys:
+                    if key not in self._shared:
+                        self._shared[key] = _decode(self._objects[key])
+                return [self._shared[k] for k in keys]
+        return [_decode(raw) for raw in found]
+
+    def names(self, namespace: str | None) -> list[Key]:
+        """(namespace, name) of every object of `namespace` (all when None) not being
+        deleted, without reading the objects."""
+        with self._lock:
+            return sorted(
+                key
+                for key, held in self._held.items()
+                if not held.deleting and (namespace is None or key[0] == namespace)
+            )
 
     def keys(self) -> list[Key]:
         with self._lock:
@@ -350,7 +431,13 @@ class KindStore:
     def version(self, namespace: str, name: str) -> int | None:
         """The resourceVersion of the held copy, or None."""
         with self._lock:
-            return self._versions.get((namespace, name))
+            held = self._held.get((namespace, name))
+            return held.version if held is not None else None
+
+    def size(self) -> int:
+        """Bytes of JSON held (the objects as stored, not counting what indexes them)."""
+        with self._lock:
+            return sum(len(raw) for raw in self._objects.values())
 
     def tombstones(self) -> dict[Key, Tombstone]:
         with self._lock:
@@ -375,6 +462,7 @@ class Kind:
     watch: tuple[str, str | None, str]
     keep: frozenset[str] | None = None
     keep_spec: frozenset[str] | None = None
+    keep_status: frozenset[str] | None = None
 
 
 SD = Kind(
@@ -428,7 +516,19 @@ PODS = Kind(
     # plan.placement.admission reads the gates; the containers are the Deployment's (cached there).
     keep_spec=frozenset({"schedulingGates", "nodeName"}),
 )
-NODES = Kind("nodes", "v1", None, "Node", False, False, ("", "v1", "nodes"))
+NODES = Kind(
+    "nodes",
+    "v1",
+    None,
+    "Node",
+    False,
+    False,
+    ("", "v1", "nodes"),
+    # plan.placement.gpu_catalog reads labels, cordoning and allocatable resources; a node's
+    # status also lists every image it holds, often most of its size.
+    keep_spec=frozenset({"unschedulable", "taints"}),
+    keep_status=frozenset({"allocatable", "capacity"}),
+)
 WORKLOADS = Kind(
     "workloads",
     None,
@@ -495,11 +595,14 @@ class WatchCache:
         self.namespaces = list(namespaces)
         self.stores = {
             kind.name: KindStore(
-                labelled=kind.labelled, keep=kind.keep, keep_spec=kind.keep_spec, clock=clock
+                labelled=kind.labelled,
+                keep=kind.keep,
+                keep_spec=kind.keep_spec,
+                keep_status=kind.keep_status,
+                clock=clock,
             )
             for kind in KINDS
         }
-        self.listed = False
         self.hits = 0
         self.misses = 0
 
@@ -512,19 +615,8 @@ class WatchCache:
             return list(self.namespaces)
         return [None]
 
-    def observe(
-        self, kind: Kind, event_type: str | None, obj: Mapping[str, Any], *, streamed: bool = True
-    ) -> Seen:
-        return self.store(kind).observe(event_type, obj, streamed=streamed)
-
-    def mark_listed(self) -> None:
-        """Every store holds its whole kind: the watch streams' first listings went through
-        them (kopf guarantees it before any other handler runs: see handlers.run). A kind
-        the API server does not serve has no objects, so its empty store is the truth too."""
-        if not self.listed:
-            self.listed = True
-            for store in self.stores.values():
-                store.mark_synced()
+    def observe(self, kind: Kind, event_type: str | None, obj: Mapping[str, Any]) -> Seen:
+        return self.store(kind).observe(event_type, obj)
 
     def expire(self) -> None:
         """Marks every store unsynced (the periodic resync)."""
@@ -541,38 +633,41 @@ class WatchCache:
                 return self.store(kind)
         return None
 
-    def refresh(self, kind: Kind, lister: Callable[[str | None], tuple[list[Obj], int]]) -> None:
-        """Lists `kind` afresh into its store (`KindStore.prime`: what the LIST no longer
-        holds goes) while reads go on from it. A failed LIST raises and leaves the store as it
-        was: the watch keeps feeding it, and the caller tries again."""
+    def refresh(self, kind: Kind, lister: Lister) -> None:
+        """Lists `kind` afresh into its store, page by page (`KindStore.merge_page`), and then
+        removes what the LIST no longer holds (`KindStore.remove_unlisted`), while reads go on
+        from it. A failed LIST raises and leaves the store as it was (the watch keeps feeding
+        it; the caller tries again)."""
+        store = self.store(kind)
         scopes = self.scopes(kind)
-        lists = [lister(scope) for scope in scopes]
-        items = [item for found, _ in lists for item in found]
-        self.store(kind).prime(items, scopes, min(version for _, version in lists))
+        listed: set[Key] = set()
+        versions = []
+        for scope in scopes:
+            for index, (items, version) in enumerate(lister(scope)):
+                if index == 0:
+                    versions.append(version)  # a paged LIST is one snapshot: its first page's
+                listed |= store.merge_page(items)
+        store.remove_unlisted(listed, scopes, min(versions))
 
     def read(
         self,
         kind: Kind,
-        lister: Callable[[str | None], tuple[list[Obj], int]],
+        lister: Lister,
         reader: Callable[[KindStore], Any],
         fallback: Callable[[], Any],
     ) -> Any:
-        """`reader` on the store of `kind` once it is synced. An unsynced store is primed
-        first with `lister` (one LIST per scope: its items and resourceVersion); when that
-        LIST fails (the kind is not served, or not permitted), `fallback` reads the API
-        server as before."""
+        """`reader` on the store of `kind` once it is synced. An unsynced store is filled
+        first with `lister` (one LIST per scope, page by page); when that LIST fails (the kind
+        is not served, or not permitted), `fallback` reads the API server as before."""
         store = self.store(kind)
         if not store.synced:
             with store.priming:
                 if not store.synced:
-                    scopes = self.scopes(kind)
                     try:
-                        lists = [lister(scope) for scope in scopes]
+                        self.refresh(kind, lister)
                     except Exception:
                         self.misses += 1
                         return fallback()
-                    items = [item for found, _ in lists for item in found]
-                    store.prime(items, scopes, min(version for _, version in lists))
         self.hits += 1
         return reader(store)
 
@@ -581,9 +676,10 @@ def changed_beyond_status(seen: Seen, obj: Mapping[str, Any]) -> bool:
     """Whether an SD's event changed more than its status (and resourceVersion): its spec
     (the generation), labels, annotations or deletion. Our own status writes come back as
     events that change nothing else."""
-    if seen.previous is None:
+    previous = seen.previous
+    if previous is None:
         return True
-    before = seen.previous.get("metadata") or {}
+    before = previous.get("metadata") or {}
     after = obj.get("metadata") or {}
     for field in ("generation", "labels", "deletionTimestamp"):
         if before.get(field) != after.get(field):

@@ -2,12 +2,13 @@
 
 kopf is the watch machinery and nothing more: for each kind the reconcile reads (SDs, their
 revision Deployments and records, Services, PodMonitors, pods, nodes, Kueue's objects, CRDs)
-one index handler fills its watch-fed store from kopf's first listing, and one raw-event
-handler (`route_event`) puts each later event into the store and the SDs it concerns onto the
-work queue (handlers.work_queue). Workers take SDs off the queue and reconcile them
-(handlers.workers); the periodic round and each SD's next verdict (plan.rollout.wakeup) add to
-the same queue. No handler is a create/update/resume handler, so kopf keeps no progress or diff
-base on the objects and writes nothing to them.
+one raw-event handler (`route_event`) puts each event into the kind's watch-fed store and the
+SDs it concerns onto the work queue (handlers.work_queue). At the start one LIST of our own
+fills each store (`fill_stores`), every SD goes onto the queue, and only then do the workers
+take SDs off it and reconcile them (handlers.workers), as client-go's controllers wait for
+their informers' caches; the periodic round and each SD's next verdict (plan.rollout.wakeup)
+add to the same queue. No handler is a create/update/resume handler, so kopf keeps no progress
+or diff base on the objects and writes nothing to them.
 
 No handler needs a finalizer, so none is set (kopf removes the `specdeploy.dev/finalizer` an
 older operator left): SDs and their namespaces can be deleted while the operator is not
@@ -42,16 +43,17 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from specdeploy.adapters import watch_cache
-from specdeploy.adapters.kube import KubeAdapter
+from specdeploy.adapters.kube import LIST_PAGE, KubeAdapter
 from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.leadership import LeaseElector, default_identity, serve_standby_probe
 from specdeploy.handlers.reconcile import Reconciler
-from specdeploy.handlers.work_queue import WorkQueue
+from specdeploy.handlers.work_queue import Backoff, WorkQueue
 from specdeploy.handlers.workers import (
     RECONCILE_WORKERS,
     SDKey,
+    confirm_first_listings,
     enqueue_every_round,
     reconcile_from,
     relist_from,
@@ -87,6 +89,8 @@ def load_config(source: str | None, kube: KubeAdapter | None = None) -> Operator
     return OperatorConfig.from_mapping(data)
 
 
+#: How long kopf keeps an object's worker task after its last event (kopf's default is 5 s).
+WORKER_IDLE_SECONDS = 0.5
 #: (namespace, Event) -> the POST of one Event.
 CreateEvent = Callable[[str, dict[str, Any]], object]
 #: Events waiting to be posted at most; beyond it new ones are dropped (and logged).
@@ -199,8 +203,8 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 
 def build_registry(cache: watch_cache.WatchCache, queues: Queues) -> kopf.OperatorRegistry:
-    """The operator's handlers: for each cached kind, one that fills its store from kopf's
-    first listing and one that routes each watch event (handlers.run.route_event)."""
+    """The operator's handlers: for each cached kind, one raw-event handler that routes each
+    watch event (handlers.run.route_event)."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -216,8 +220,12 @@ def build_registry(cache: watch_cache.WatchCache, queues: Queues) -> kopf.Operat
         # handler needs one.
         settings.persistence.finalizer = FINALIZER
         settings.persistence.diffbase_storage = NoDiffBase()
-        # Only index and raw-event handlers, which post no Events; ours go through EventPoster.
+        # Only raw-event handlers, which post no Events; ours go through EventPoster.
         settings.posting.enabled = False
+        # kopf lists each kind page by page, and an object's worker task ends soon after its
+        # last event: at a start with thousands of objects, neither is held all at once.
+        settings.watching.chunk_size = LIST_PAGE
+        settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
         for kind in watch_cache.KINDS:
             if kind.labelled:
                 # Only the children and pods of SDs are watched (listed, streamed, kept).
@@ -226,24 +234,10 @@ def build_registry(cache: watch_cache.WatchCache, queues: Queues) -> kopf.Operat
 
     for kind in watch_cache.KINDS:
         group, version, plural = kind.watch
-        where = {"group": group, "version": version, "plural": plural, "registry": registry}
-        kopf.index(**where, id=f"list-{kind.name}", when=lambda **_: not cache.listed)(  # type: ignore[arg-type]
-            _filler(cache, kind)
-        )
-        kopf.on.event(**where, id=f"watch-{kind.name}")(_router(cache, queues, kind))  # type: ignore[arg-type]
+        kopf.on.event(
+            group=group, version=version, plural=plural, registry=registry, id=f"watch-{kind.name}"
+        )(_router(cache, queues, kind))
     return registry
-
-
-def _filler(cache: watch_cache.WatchCache, kind: watch_cache.Kind) -> Callable[..., Any]:
-    # kopf calls every index handler for every object of its first listing before any other
-    # handler of any kind runs (kopf docs, "Indexing": Guarantees), so the stores are whole
-    # when the first reconcile is asked for; the index itself stays empty (None is not
-    # indexed).
-    # (The `when` filter spares kopf invoking it for every later event.)
-    async def fill(body: kopf.Body, **_: Any) -> None:
-        cache.observe(kind, None, body, streamed=False)
-
-    return fill
 
 
 def _router(
@@ -267,11 +261,14 @@ def route_event(
 ) -> None:
     """One watch event: into its store first (so the reconcile it asks for reads it), then
     the SDs it concerns onto the work queue; a relist of the kind's stream (which shows no
-    deletions) asks for a LIST of our own that removes what is gone."""
-    cache.mark_listed()
+    deletions) asks for a LIST of our own that removes what is gone. Events that come before
+    the stores are filled (fill_stores) wait on the queue like any other."""
+    starting = event_type is None and not cache.store(kind).synced
     seen = cache.observe(kind, event_type, obj)
     if seen.relisted:
         queues.relists.add(kind.name)
+    if starting and kind is not watch_cache.SD:
+        return  # kopf's first listing of the children: their SDs are each reconciled at start
     for key in reconciles_for(kind, event_type, obj, seen):
         queues.reconciles.add(key)
     if kind is watch_cache.SD and event_type == "DELETED":
@@ -349,22 +346,8 @@ async def run_operator(  # noqa: PLR0917
             await stop_probe()
     executor = ThreadPoolExecutor(RECONCILE_WORKERS, thread_name_prefix="reconcile")
     tasks = [
-        asyncio.create_task(
-            reconcile_from(queues.reconciles, reconciler.reconcile, reconciler.clock, executor)
-        )
-        for _ in range(RECONCILE_WORKERS)
+        asyncio.create_task(reconcile_once_filled(reconciler, queues, namespaces, config, executor))
     ]
-    tasks.append(
-        asyncio.create_task(
-            enqueue_every_round(
-                queues.reconciles,
-                functools.partial(reconciler.kube.list_speculative_deployments, namespaces),
-                config.reconcile_interval_seconds,
-            )
-        )
-    )
-    if reconciler.kube.cache is not None:
-        tasks.append(asyncio.create_task(relist_from(queues.relists, reconciler.kube.refresh_kind)))
     # No `stop_flag` for kopf: on SIGINT/SIGTERM kopf waits 5 s for every task still pending
     # (a waiter on a flag that is never set among them) before it exits. A lost Lease cancels
     # kopf instead, so a clean stop ends at once and hands the Lease over without that wait.
@@ -394,6 +377,71 @@ async def run_operator(  # noqa: PLR0917
         if elector is not None and not lost.is_set():
             await asyncio.to_thread(elector.release)
     return 1 if lost.is_set() else 0
+
+
+async def reconcile_once_filled(
+    reconciler: Reconciler,
+    queues: Queues,
+    namespaces: list[str],
+    config: OperatorConfig,
+    executor: ThreadPoolExecutor,
+) -> None:
+    """Fills every store with one LIST of its kind (fill_stores), puts every SD on the queue
+    (the start is a reason to reconcile each), then runs the reconcile workers, the periodic
+    round and the stores' relists until cancelled. Reconciles wait for whole stores, as
+    client-go's controllers wait for their informers' caches to sync."""
+    kube = reconciler.kube
+    if kube.cache is not None:
+        await fill_stores(kube)
+    for key in await asyncio.to_thread(kube.list_speculative_deployments, namespaces):
+        queues.reconciles.add(key)
+    log.info("stores filled; reconciling")
+    tasks = [
+        asyncio.create_task(
+            reconcile_from(queues.reconciles, reconciler.reconcile, reconciler.clock, executor)
+        )
+        for _ in range(RECONCILE_WORKERS)
+    ]
+    tasks.append(
+        asyncio.create_task(
+            enqueue_every_round(
+                queues.reconciles,
+                functools.partial(kube.list_speculative_deployments, namespaces),
+                config.reconcile_interval_seconds,
+            )
+        )
+    )
+    if kube.cache is not None:
+        tasks.append(asyncio.create_task(relist_from(queues.relists, kube.refresh_kind)))
+        tasks.append(asyncio.create_task(confirm_first_listings(kube.cache.stores, queues.relists)))
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def fill_stores(kube: KubeAdapter, attempts: int = 3, backoff: Backoff | None = None) -> None:
+    """One LIST of each cached kind into its store, page by page, the kinds side by side. A
+    kind that cannot be listed is tried again after its backoff, `attempts` times in all; then
+    its store is left unfilled (a read fills it, or reads the API server while the kind cannot
+    be listed: WatchCache.read). A kind the API server does not serve is empty."""
+    backoff = backoff or Backoff(base=1.0, cap=30.0)
+
+    async def fill(kind: watch_cache.Kind) -> None:
+        for failures in range(1, attempts + 1):
+            try:
+                await asyncio.to_thread(kube.refresh_kind, kind)
+                return
+            except Exception as error:
+                if failures == attempts:
+                    log.warning("listing %s failed; read on demand: %s", kind.name, error)
+                    return
+                delay = backoff.delay(failures)
+                log.warning("listing %s failed (again in %.0fs): %s", kind.name, delay, error)
+                await asyncio.sleep(delay)
+
+    await asyncio.gather(*(fill(kind) for kind in watch_cache.KINDS))
 
 
 async def _cancel_when_set(flag: asyncio.Event, task: asyncio.Task[None]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from datetime import datetime
 
@@ -31,6 +31,10 @@ RECONCILE_WORKERS = 8
 #: How often each watch-fed store is listed afresh: bounds what a missed event (one the relist
 #: after a watch gap could not notice) costs.
 CACHE_RESYNC_SECONDS = 300.0
+#: After the start, how often the stores are checked for objects of the first LIST that kopf's
+#: own first listing has not shown (confirm_first_listings), and how many times at most.
+CONFIRM_SECONDS = 5.0
+CONFIRM_ROUNDS = 12
 
 
 async def reconcile_from(
@@ -116,3 +120,27 @@ async def relist_from(
             relists.add_after(name, resync)
         finally:
             relists.done(name)
+
+
+async def confirm_first_listings(
+    stores: Mapping[str, watch_cache.KindStore],
+    relists: WorkQueue[str],
+    interval: float = CONFIRM_SECONDS,
+    rounds: int = CONFIRM_ROUNDS,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Relists each kind whose store still holds objects of its first LIST that kopf's watch
+    has not shown (KindStore.awaiting_stream), every `interval` seconds until none is left or
+    `rounds` are done. kopf's watch starts from a LIST of its own: an object deleted between
+    our first LIST and kopf's is in neither kopf's listing nor its events, and only a LIST
+    made after kopf's shows it gone (client-go's informers have no such gap: their watch
+    starts from their own LIST). What is still waiting after the last round is left to the
+    periodic relist (CACHE_RESYNC_SECONDS)."""
+    for _ in range(rounds):
+        await sleep(interval)
+        waiting = [name for name, store in stores.items() if store.awaiting_stream()]
+        if not waiting:
+            return
+        for name in waiting:
+            relists.add(name)

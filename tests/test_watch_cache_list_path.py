@@ -1,0 +1,165 @@
+"""The LIST path of the watch-fed stores (KubeAdapter._list_kind and WatchCache.refresh) against
+tests/fake_api_server.py served over HTTP: the kubernetes client's own requests, pages of
+LIST_PAGE objects from one snapshot, a continue token that expired, and the start's LIST made
+before kopf's (a deletion in between is shown by neither kopf's listing nor its watch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from fake_api_server import FakeApiServer, serve_http
+from specdeploy.adapters import watch_cache as wc
+from specdeploy.adapters.kube import LIST_PAGE, KubeAdapter
+from specdeploy.handlers.workers import confirm_first_listings
+from test_watch_cache_listing import Operator
+
+KIND = wc.DEPLOYMENTS
+
+
+@pytest.fixture
+def server() -> FakeApiServer:
+    return FakeApiServer()
+
+
+@pytest.fixture
+def kube(server: FakeApiServer) -> Iterator[KubeAdapter]:
+    with serve_http(server) as url:
+        configuration = client.Configuration()
+        configuration.host = url
+        yield KubeAdapter(client.ApiClient(configuration), cache=wc.WatchCache(["ns"]))
+
+
+def names(kube: KubeAdapter) -> list[str]:
+    assert kube.cache is not None
+    held = kube.cache.store(KIND).keys()
+    return [name for _, name in held]
+
+
+def test_a_large_kind_is_listed_in_pages_of_one_snapshot(
+    server: FakeApiServer, kube: KubeAdapter
+) -> None:
+    for index in range(250):
+        server.create(f"d{index:03}")
+    pages = 0
+
+    def meanwhile() -> None:
+        # Between the pages: one listed object deleted, one not yet listed deleted, one made.
+        nonlocal pages
+        pages += 1
+        if pages == 2:
+            server.delete("d000")
+            server.delete("d200")
+            server.create("late")
+
+    server.before_list = meanwhile
+    kube.refresh_kind(KIND)
+    assert [(limit, token is None) for _, _, limit, token in server.requests] == [
+        (LIST_PAGE, True),
+        (LIST_PAGE, False),
+        (LIST_PAGE, False),
+    ]
+    # The LIST is the snapshot of its first page: what changed after it is the watch's to show.
+    assert names(kube) == [f"d{index:03}" for index in range(250)]
+    assert kube.cache is not None
+    held = kube.cache.store(KIND).get("ns", "d100")
+    assert held is not None
+    assert (held["apiVersion"], held["kind"]) == ("apps/v1", "Deployment")
+
+    server.requests.clear()
+    server.before_list = lambda: None
+    kube.refresh_kind(KIND)  # made after the changes: they show
+    assert "d000" not in names(kube)
+    assert "d200" not in names(kube)
+    assert "late" in names(kube)
+    assert len(server.requests) == 3
+
+
+def test_a_continue_token_that_expired_fails_the_list_and_keeps_the_store(
+    server: FakeApiServer, kube: KubeAdapter
+) -> None:
+    for index in range(150):
+        server.create(f"d{index:03}")
+    kube.refresh_kind(KIND)
+    server.delete("d007")
+    calls = 0
+
+    def compact_after_the_first_page() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            server.tick()  # other kinds change, and etcd compacts past the LIST's snapshot
+            server.compact()
+
+    server.before_list = compact_after_the_first_page
+    with pytest.raises(ApiException) as raised:
+        kube.refresh_kind(KIND)
+    assert raised.value.status == 410
+    # Nothing of the failed LIST is half-applied as removals: every object is still held.
+    assert len(names(kube)) == 150
+
+
+def confirm(started: Operator, rounds: int = 1) -> None:
+    async def no_wait(_: float) -> None:
+        return None
+
+    asyncio.run(
+        confirm_first_listings(
+            started.cache.stores, started.queues.relists, 5.0, rounds, sleep=no_wait
+        )
+    )
+
+
+def test_a_delete_between_our_first_list_and_kopfs_goes_with_the_confirming_list() -> None:
+    server = FakeApiServer()
+    for name in ("a", "b"):
+        server.create(name)
+    started = Operator(server)
+    started.merge(started.our_list())
+    server.delete("a")  # before kopf's LIST: in neither its listing nor its watch
+    started.stream.start()
+    started.stream.catch_up()
+    assert sorted(started.held()) == ["a", "b"], "nothing the stream shows removes it"
+    assert started.store.awaiting_stream() == 1
+    confirm(started)
+    assert started.serve_relists() == 1
+    assert sorted(started.held()) == ["b"]
+    assert started.store.awaiting_stream() == 0
+    confirm(started)
+    assert started.serve_relists() == 0, "nothing waits: no LIST more"
+
+
+def test_after_a_start_with_no_change_between_the_lists_nothing_is_listed_again() -> None:
+    for kopf_first in (False, True):
+        server = FakeApiServer()
+        for name in ("a", "b"):
+            server.create(name)
+        started = Operator(server)
+        if kopf_first:
+            started.stream.start()
+            started.merge(started.our_list())
+        else:
+            started.merge(started.our_list())
+            started.stream.start()
+        server.update("a", replicas=2)
+        started.stream.pump()
+        assert started.store.awaiting_stream() == 0
+        confirm(started)
+        assert started.serve_relists() == 0
+        assert sorted(started.held()) == ["a", "b"]
+
+
+def test_an_object_kopf_cannot_show_is_listed_again_a_bounded_number_of_times() -> None:
+    server = FakeApiServer()
+    server.create("a")
+    started = Operator(server)
+    started.merge(started.our_list())  # kopf's watch never lists (its kind forbidden to it, say)
+    confirm(started, rounds=3)
+    assert started.serve_relists() == 1  # a kind is queued once until a worker takes it
+    assert started.store.awaiting_stream() == 1
+    assert sorted(started.held()) == ["a"], "what exists stays"
