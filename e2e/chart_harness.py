@@ -241,8 +241,9 @@ class ChartOperator:
         ready = sorted(p["metadata"]["name"] for p in pods if pod_is_ready(p))
         return ready if len(ready) == count == len(pods) else None
 
-    def leader(self) -> str | None:
-        """The holder of the release's Lease (a pod name), None when nobody holds it."""
+    def holder(self) -> str | None:
+        """The identity holding the release's Lease (`<pod>_<uuid>`, one per operator process),
+        None when nobody holds it."""
         done = self.cluster.kubectl().run(
             "get", "lease", self.lease, "-n", self.namespace, "-o", "json", check=False
         )
@@ -251,10 +252,22 @@ class ChartOperator:
         holder: str | None = (json.loads(done.stdout).get("spec") or {}).get("holderIdentity")
         return holder
 
+    def leader(self) -> str | None:
+        """The pod of the Lease's holder, None when nobody holds it."""
+        holder = self.holder()
+        # Pod names have no "_": what comes before it is the pod's name.
+        return holder.split("_", 1)[0] if holder else None
+
     def log_paths(self) -> list[Path]:
         """The operator containers' logs in the process kubelet's pod folders."""
         folder = Path(self.cluster.run_dir) / "process-kubelet" / "pods"
         return sorted(folder.glob(f"{self.namespace}_{self.release}-*/operator.log"))
+
+    def log_of(self, pod: str) -> str:
+        """Pod `pod`'s operator log: every run of its container, one after the other."""
+        folder = Path(self.cluster.run_dir) / "process-kubelet" / "pods"
+        (path,) = folder.glob(f"{self.namespace}_{pod}_*/operator.log")  # <ns>_<pod>_<uid>
+        return path.read_text(errors="replace")
 
     def log_text(self) -> str:
         """Every operator pod's log, one after the other (the leader's holds the reconciles)."""

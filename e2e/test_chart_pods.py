@@ -7,14 +7,17 @@ the process kubelet (not KWOK) runs them.
 
 One release is walked through its life: install, two pods Running and one holding the Lease, an
 SD served, the operator's metrics scraped by Prometheus through the chart's ServiceMonitor,
-`helm test`, the leader's pod killed (deleted at once) and the standby taking over and finishing
-a rollout, `helm upgrade` with a changed value rolling the operator's pods while the SD's pods
-stay, and `helm uninstall` leaving the SD serving.
+`helm test`, the leader's process killed (its container restarts in the same pod, as a new
+candidate) and the standby taking over and finishing a rollout, `helm upgrade` with a changed
+value rolling the operator's pods while the SD's pods stay, and `helm uninstall` leaving the SD
+serving. With real engines, the leader's pod is deleted during a canary's analysis instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -104,12 +107,29 @@ def engine_pod_uids(kubectl: Kubectl, namespace: str, name: str) -> set[str]:
 
 def kill_pod(kubectl: Kubectl, namespace: str, name: str) -> None:
     """The pod deleted at once (grace 0, forced): its processes are killed without a grace
-    period, and it never comes back under its name (its Deployment makes another pod). Killing
-    only the process would not do: the container restarts in the same pod, whose name is the
-    Lease identity, and may take its own Lease back before the standby may."""
+    period, and it never comes back under its name (its Deployment makes another pod)."""
     kubectl.run(
         "delete", "pod", name, "-n", namespace, "--grace-period=0", "--force", "--wait=false"
     )
+
+
+def kill_process(operator: ChartOperator, name: str) -> int:
+    """The operator container's process in pod `name` killed (SIGKILL, no release of the
+    Lease), its pod kept: the process kubelet restarts the container in the same pod after its
+    crash back-off. Returns the container's restart count before the kill."""
+    (pod,) = [p for p in operator.pods() if p["metadata"]["name"] == name]
+    (status,) = pod["status"]["containerStatuses"]
+    os.kill(int(status["containerID"].removeprefix("process://")), signal.SIGKILL)
+    return int(status.get("restartCount") or 0)
+
+
+def restarted_and_ready(operator: ChartOperator, name: str, restarts_before: int) -> bool:
+    """Whether pod `name`'s container was restarted since and is Ready again."""
+    for pod in operator.pods():
+        if pod["metadata"]["name"] == name:
+            (status,) = pod["status"]["containerStatuses"]
+            return bool(status.get("ready")) and status.get("restartCount", 0) > restarts_before
+    return False
 
 
 def describe(kubectl: Kubectl, operator: ChartOperator) -> str:
@@ -134,6 +154,10 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
         "config": config,
         **local_process_values(),
         "serviceMonitor": {"enabled": True, "interval": "2s"},
+        # Longer than the default 15 s, so that the leader's container, killed and restarted
+        # in its pod after the crash back-off (10 s), is running again while the Lease it held
+        # has not expired yet.
+        "leaderElection": {"leaseDurationSeconds": 30, "renewDeadlineSeconds": 20},
     }
     operator = ChartOperator(cluster, release, namespace)
     with contextlib.ExitStack() as stack:
@@ -186,10 +210,21 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
         tested = helm.run("test", release, "-n", namespace, timeout=180)
         assert "Phase:          Succeeded" in tested.stdout, tested.stdout
 
-        # The leader's pod killed: no clean release of the Lease; the standby takes it once it
-        # has not been renewed for leaseDurationSeconds, and reconciles from then on.
-        kill_pod(kubectl, namespace, leader)
+        # The leader's process killed, its pod kept: no clean release of the Lease. Its
+        # container restarts in the same pod before the Lease expires, as a new identity: a
+        # candidate like any other, it finds its former self holding the Lease and stands by.
+        # The standby, which saw the last renewal first, takes the Lease once it has not been
+        # renewed for leaseDurationSeconds, and reconciles from then on.
+        held_by = operator.holder()
+        restarts = kill_process(operator, leader)
+        eventually(
+            lambda: restarted_and_ready(operator, leader, restarts),
+            60,
+            f"{leader}'s container restarted and Ready",
+        )
         eventually(lambda: operator.leader() == standby, 90, f"{standby} holding the Lease")
+        where = f"Lease {namespace}/{operator.lease}"
+        assert f"standing by: {where} is held by {held_by}" in operator.log_of(leader)
         kubectl.apply([llama_8b("chat", watched, draft_revision="eagle3-r2")])
         new_revision = eventually(
             lambda: (r := serving_revision(kubectl, watched, "chat")) != revision and r,

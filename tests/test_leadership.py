@@ -7,7 +7,12 @@ from datetime import UTC, datetime
 import pytest
 
 from specdeploy.api.config import LeaderElection, OperatorConfig
-from specdeploy.handlers.leadership import claimed_spec, may_take, released_spec
+from specdeploy.handlers.leadership import (
+    claimed_spec,
+    default_identity,
+    may_take,
+    released_spec,
+)
 
 NOW = datetime(2026, 11, 23, 18, 0, 0, tzinfo=UTC)
 HELD = {"holderIdentity": "a", "leaseDurationSeconds": 15, "leaseTransitions": 2}
@@ -22,6 +27,22 @@ def test_a_lease_without_holder_or_held_by_oneself_may_be_taken_at_once() -> Non
 def test_another_holders_lease_is_taken_only_once_unrenewed_for_its_duration() -> None:
     assert not may_take(HELD, "b", unchanged_for=14.9)
     assert may_take(HELD, "b", unchanged_for=15)
+
+
+def test_a_restarted_process_in_the_same_pod_waits_for_its_old_lease_like_any_candidate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The chart's pod name, the same before and after its container restarts.
+    monkeypatch.setenv("POD_NAME", "sd-specdeploy-7c9d8-x2bq4")
+    before, after = default_identity(), default_identity()
+    assert before != after
+    assert before.startswith("sd-specdeploy-7c9d8-x2bq4_")
+    assert after.startswith("sd-specdeploy-7c9d8-x2bq4_")
+    held_before = claimed_spec({}, before, 15, NOW)
+    assert not may_take(held_before, after, unchanged_for=0)
+    assert not may_take(held_before, after, unchanged_for=14.9)
+    assert may_take(held_before, after, unchanged_for=15)
+    assert may_take(released_spec(held_before, NOW), after, unchanged_for=0)
 
 
 def test_taking_over_counts_a_transition_and_renewing_does_not() -> None:

@@ -20,6 +20,7 @@ import os
 import socket
 import time
 import urllib.parse
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,8 +38,11 @@ MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 def default_identity() -> str:
-    """The pod's name when the chart sets POD_NAME, else host and process id."""
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    """A new identity on every call, `<pod>_<uuid>` (the pod's name when the chart sets
+    POD_NAME, else the host's), as client-go's `hostname + "_" + uuid`: a process calls it once
+    at start. A container that restarts in the same pod is then another candidate, never the
+    holder it was before the restart: it waits for its old Lease to expire like a standby."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4()}"
 
 
 def may_take(spec: Mapping[str, Any], identity: str, unchanged_for: float) -> bool:
