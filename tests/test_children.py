@@ -17,7 +17,7 @@ from specdeploy.plan.children.manifests import (
     pod_selector,
 )
 from specdeploy.plan.children.revision import revision_hash
-from specdeploy.plan.children.vllm_args import build_vllm_args
+from specdeploy.plan.children.vllm_args import Role, build_vllm_args
 from specdeploy.plan.placement.kueue import kueue_labels
 from specdeploy.plan.placement.sizing import size_pair
 
@@ -154,12 +154,37 @@ def test_pvc_source_is_mounted_read_only() -> None:
     body = {**BODY, "spec": {**BODY["spec"], "modelSource": {"pvc": {"claimName": "models"}}}}
     sd = SpeculativeDeployment.from_body(body)
     pod = build_revision_deployment(sd, "0123456789", None, OperatorConfig())["spec"]["template"]
-    assert pod["spec"]["volumes"] == [
-        {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
-    ]
-    assert _engine({"spec": {"template": pod}})["volumeMounts"] == [
-        {"name": "models", "mountPath": "/models", "readOnly": True}
-    ]
+    assert pod["spec"]["volumes"][0] == {
+        "name": "models",
+        "persistentVolumeClaim": {"claimName": "models", "readOnly": True},
+    }
+    assert _engine({"spec": {"template": pod}})["volumeMounts"][0] == {
+        "name": "models",
+        "mountPath": "/models",
+        "readOnly": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("sizing", "role"),
+    [
+        pytest.param(None, "leader", id="cpu-engine"),
+        pytest.param(
+            SIZING.model_copy(update={"count": 1, "tensor_parallel_size": 1}),
+            "leader",
+            id="one-gpu",
+        ),
+        pytest.param(SIZING, "leader", id="tensor-parallel"),
+        pytest.param(SIZING, "worker", id="worker-of-a-group"),
+    ],
+)
+def test_every_engine_pod_has_shared_memory_beyond_the_runtimes_64_mib(
+    sd: SpeculativeDeployment, sizing: SizingDecision | None, role: Role
+) -> None:
+    pod = build_pod_template(sd, "abc", sizing, OperatorConfig(), role)
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["spec"]["volumes"]
+    (container,) = pod["spec"]["containers"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
 
 
 def test_service_selects_every_revision(sd: SpeculativeDeployment) -> None:

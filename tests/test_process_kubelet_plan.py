@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from testbed.images import ImageEntry, build_image_command, image_entry_from_dockerfile
-from testbed.pod_volumes import IssuedToken, PlannedMount, container_mounts, volume_files
+from testbed.pod_volumes import (
+    IssuedToken,
+    PlannedMount,
+    PodVolumes,
+    container_mounts,
+    volume_files,
+)
 from testbed.process_plan import (
     ContainerConfigError,
     ContainerRecord,
@@ -70,6 +76,10 @@ def make_pod(**spec: Any) -> dict[str, Any]:
 
 def no_objects(kind: str, namespace: str, name: str) -> dict[str, str] | None:
     return None
+
+
+def no_token(pod: dict[str, Any], audience: str | None, seconds: int) -> IssuedToken:
+    raise AssertionError("no token was asked for")
 
 
 # --- $(VAR) expansion, with the cases of kubelet's own expansion tests ----------------------
@@ -838,6 +848,25 @@ def test_only_supported_volumes_are_mounted_and_subpaths_are_refused() -> None:
     mounts[0]["subPath"] = "x"
     with pytest.raises(ContainerConfigError, match="subPath"):
         container_mounts(pod, container)
+
+
+def test_a_memory_backed_empty_dir_is_a_folder_on_the_hosts_tmpfs(tmp_path: Path) -> None:
+    pod = make_pod()
+    pod["spec"]["volumes"] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "scratch", "emptyDir": {}},
+    ]
+    mounts = [PlannedMount("dshm", "/dev/shm", False), PlannedMount("scratch", "/tmp", False)]
+    pod_folder, memory = tmp_path / "pods" / "team-a_engine-0_u-1", tmp_path / "shm"
+    volumes = PodVolumes(pod_folder, memory_root=memory)
+    volumes.fill(pod, pod["spec"]["containers"][0], mounts, no_objects, no_token)
+    assert volumes.path("dshm") == memory / "specdeploy-pod-volumes.team-a_engine-0_u-1" / "dshm"
+    assert volumes.path("scratch") == pod_folder / "volumes" / "scratch"
+    assert volumes.path("dshm").is_dir()
+    assert volumes.path("scratch").is_dir()
+    volumes.remove()
+    assert not (memory / "specdeploy-pod-volumes.team-a_engine-0_u-1").exists()
+    assert not (pod_folder / "volumes").exists()
 
 
 def test_a_service_monitor_scrapes_the_pods_behind_the_services_it_selects() -> None:

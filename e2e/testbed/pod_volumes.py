@@ -13,7 +13,8 @@ container process's own mount namespace. Supported, as kubelet fills them:
   ServiceAccount admission plugin gives every pod that automounts a token such a volume
   (`kube-api-access-*`: token, the `kube-root-ca.crt` ConfigMap's `ca.crt`, the namespace) at
   /var/run/secrets/kubernetes.io/serviceaccount, which is how in-cluster clients find it;
-- `emptyDir` (a folder; `medium: Memory` is a folder too).
+- `emptyDir` (a folder; with `medium: Memory` a folder on the host's tmpfs, /dev/shm, as
+  kubelet mounts a tmpfs for it: what a program maps there is memory, not a disk file).
 
 Other kinds (persistentVolumeClaim, ephemeral, hostPath, ...) are not mounted: the container
 sees the host's file system at their paths, as before volumes were supported.
@@ -47,6 +48,8 @@ DEFAULT_TOKEN_SECONDS = 3600
 #: kubelet refreshes a token once 80 % of its life has passed.
 TOKEN_REFRESH_SHARE = 0.8
 SUPPORTED_KINDS = ("configMap", "secret", "downwardAPI", "projected", "emptyDir")
+#: The host's tmpfs, where the folders of `emptyDir` volumes of `medium: Memory` are made.
+MEMORY_ROOT = Path("/dev/shm")
 
 
 @dataclass(frozen=True)
@@ -211,12 +214,15 @@ class PodVolumes:
     """The volume folders of one pod, filled before its containers start and kept current
     (tokens refreshed) while it runs."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, memory_root: Path = MEMORY_ROOT) -> None:
         self.folder = folder / "volumes"
+        # The pod folder's name (<namespace>_<pod>_<uid>) is unique across test beds.
+        self.memory_folder = memory_root / f"specdeploy-pod-volumes.{folder.name}"
+        self._in_memory: set[str] = set()
         self._refresh_at: dict[str, float] = {}
 
     def path(self, name: str) -> Path:
-        return self.folder / name
+        return (self.memory_folder if name in self._in_memory else self.folder) / name
 
     def fill(
         self,
@@ -231,13 +237,15 @@ class PodVolumes:
         volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
         for mount in mounts:
             volume = volumes[mount.volume]
-            target = self.path(mount.volume)
             if volume_kind(volume) == "emptyDir":
+                if (volume.get("emptyDir") or {}).get("medium") == "Memory":
+                    self._in_memory.add(mount.volume)
+                target = self.path(mount.volume)
                 target.mkdir(parents=True, exist_ok=True)
                 target.chmod(0o777)
                 continue
             contents = volume_files(pod, container, volume, lookup, request_token)
-            write_volume(target, contents.files)
+            write_volume(self.path(mount.volume), contents.files)
             if contents.refresh_after is not None:
                 self._refresh_at[mount.volume] = time.monotonic() + contents.refresh_after
 
@@ -248,6 +256,7 @@ class PodVolumes:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self.memory_folder, ignore_errors=True)
 
 
 def write_volume(folder: Path, files: Mapping[str, VolumeFile]) -> None:

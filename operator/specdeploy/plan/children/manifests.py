@@ -22,7 +22,6 @@ from specdeploy.plan.children.vllm_args import (
     Role,
     build_vllm_args,
     nodes_per_replica,
-    tensor_parallel_size,
 )
 from specdeploy.plan.placement.kueue import kueue_labels
 from specdeploy.plan.placement.sizing import cpu_kv_space_gib, download_storage
@@ -33,6 +32,7 @@ ENGINE_PORT = 8000
 HUB_TOKEN_ENV = "HF_TOKEN"
 MODELS_VOLUME = "models"
 SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
 MODEL_CACHE_VOLUME = "model-cache"
 # The hub cache inside the engine container: HF_HOME, with the downloads under hub/.
 MODEL_CACHE_PATH = "/var/cache/specdeploy/huggingface"
@@ -190,11 +190,12 @@ def _volumes(spec: Spec, sizing: SizingDecision | None) -> tuple[list[Any], list
             volume["ephemeral"] = {"volumeClaimTemplate": {"spec": claim}}
         volumes.append(volume)
         mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_PATH})
-    if tensor_parallel_size(spec, sizing) > 1:
-        # Tensor-parallel workers exchange tensors through shared memory; the container
-        # runtime's default 64 MiB /dev/shm is far too small.
-        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
-        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    # Every engine pod, whatever its parallelism: vLLM's processes (its API server, engine
+    # core and workers) exchange data through shared memory, and a container runtime gives a
+    # container 64 MiB of /dev/shm unless a memory-backed volume is mounted there. Its pages
+    # count against the container's memory limit.
+    volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
     return volumes, mounts
 
 
