@@ -13,6 +13,7 @@ import configparser
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -117,9 +118,17 @@ def _health(port: int) -> bool:
 
 @pytest.mark.engine
 @pytest.mark.engine_image
-def test_engine_cpu_image_checks_the_pair_and_serves_a_completion(engine_cpu_image: str) -> None:
+def test_engine_cpu_image_checks_the_pair_and_serves_a_completion(
+    engine_cpu_image: str, tmp_path: Path
+) -> None:
     models = build_tiny_models(engine_python_path())
-    folder = Path(models["target"]).parent
+    # The image's user (1001) reads the models, as from a volume provisioned for it: the tiny
+    # models' weights are written owner-only (0600), so a readable copy is mounted.
+    folder = tmp_path / "models"
+    for name in ("target", "draft-small"):
+        shutil.copytree(models[name], folder / Path(models[name]).name)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
     inside = {name: f"{MODELS_IN_CONTAINER}/{Path(path).name}" for name, path in models.items()}
     speculative = json.dumps(
         {"method": "draft_model", "model": inside["draft-small"], "num_speculative_tokens": 3}
@@ -134,8 +143,13 @@ def test_engine_cpu_image_checks_the_pair_and_serves_a_completion(engine_cpu_ima
         "--max-model-len",
         "512",
     ]
-    run = ["run", "--network", "host", "-v", f"{folder}:{MODELS_IN_CONTAINER}:ro"]
+    # vLLM's engine core talks to its front end through shared memory: the runtime's default
+    # 64 MB /dev/shm is too small for it.
+    run = ["run", "--network", "host", "--shm-size", "1g"]
+    run += ["-v", f"{folder}:{MODELS_IN_CONTAINER}:ro"]
     run += ["-e", "VLLM_CPU_KVCACHE_SPACE=1", "-e", "HF_HUB_OFFLINE=1"]
+    # As the test bed runs its engines on these 2-core machines (engine_cluster.ENGINE_ENV).
+    run += ["-e", "VLLM_CPU_OMP_THREADS_BIND=nobind"]
     checked = podman(*run, "--rm", engine_cpu_image, "check", "--", *vllm_args, check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     results = json.loads(checked.stdout)
@@ -151,9 +165,14 @@ def test_engine_cpu_image_checks_the_pair_and_serves_a_completion(engine_cpu_ima
             state = podman("inspect", "--format", "{{.State.Status}}", name, check=False)
             if state.stdout.strip() != "running":
                 logs = podman("logs", name, check=False)
+                errors = [
+                    line
+                    for line in (logs.stdout + logs.stderr).splitlines()
+                    if "Error" in line or "error" in line
+                ]
                 raise AssertionError(
-                    f"the engine container {state.stdout.strip()}:\n"
-                    f"{(logs.stdout + logs.stderr)[-4000:]}"
+                    f"the engine container {state.stdout.strip()}; its error lines:\n"
+                    + "\n".join(errors[:40])
                 )
             assert time.monotonic() < deadline, "no /health after 420 s"
             time.sleep(2)
