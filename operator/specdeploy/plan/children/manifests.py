@@ -192,8 +192,9 @@ def _volumes(spec: Spec, sizing: SizingDecision | None) -> tuple[list[Any], list
         mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_PATH})
     # Every engine pod, whatever its parallelism: vLLM's processes (its API server, engine
     # core and workers) exchange data through shared memory, and a container runtime gives a
-    # container 64 MiB of /dev/shm unless a memory-backed volume is mounted there. Its pages
-    # count against the container's memory limit.
+    # container 64 MiB of /dev/shm unless a memory-backed volume is mounted there (vLLM 0.32's
+    # CPU engine asks for 160 MiB at start with tensor parallel size 1: docs/images.md). Its
+    # pages count against the container's memory limit.
     volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
     mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
     return volumes, mounts
