@@ -7,6 +7,7 @@ before kopf's (a deletion in between is shown by neither kopf's listing nor its 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -163,3 +164,37 @@ def test_an_object_kopf_cannot_show_is_listed_again_a_bounded_number_of_times() 
     assert started.serve_relists() == 1  # a kind is queued once until a worker takes it
     assert started.store.awaiting_stream() == 1
     assert sorted(started.held()) == ["a"], "what exists stays"
+
+
+def test_kinds_are_listed_side_by_side_while_one_of_them_is_not_served(
+    server: FakeApiServer,
+) -> None:
+    """The start lists every kind at once (handlers.run.fill_stores). Looking up a kind the
+    server does not serve makes the kubernetes client drop its discovery cache and read it
+    again, which a lookup in another thread must not see half done."""
+    server.create("a")
+    with serve_http(server) as url:
+        for _ in range(5):
+            configuration = client.Configuration()
+            configuration.host = url
+            kube = KubeAdapter(client.ApiClient(configuration), cache=wc.WatchCache(["ns"]))
+            errors: list[BaseException] = []
+
+            def refresh(
+                kind: wc.Kind, kube: KubeAdapter = kube, errors: list[BaseException] = errors
+            ) -> None:
+                try:
+                    kube.refresh_kind(kind)
+                except Exception as error:
+                    errors.append(error)
+
+            kinds = [wc.POD_MONITORS, wc.DEPLOYMENTS] * 4
+            threads = [threading.Thread(target=refresh, args=(kind,)) for kind in kinds]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert errors == []
+            assert kube.cache is not None
+            assert kube.cache.store(wc.DEPLOYMENTS).keys() == [("ns", "a")]
+            assert kube.cache.store(wc.POD_MONITORS).synced, "not served: empty, and whole"

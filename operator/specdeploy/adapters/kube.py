@@ -94,6 +94,9 @@ class KubeAdapter:
         # the API server every time.
         self.cache = cache
         self._lock = threading.Lock()
+        # The client's discovery cache is not safe across threads: looking up a kind it does
+        # not serve drops and reloads it, and a lookup beside that fails (KeyError 'resources').
+        self._discovery = threading.Lock()
         self._count_writes()
         self.dynamic = DynamicClient(api_client)  # type: ignore[no-untyped-call]
         # The client keeps API discovery in a file shared by every process; a kind removed
@@ -130,7 +133,12 @@ class KubeAdapter:
     # --- reads -------------------------------------------------------------------------------
 
     def _resource(self, api_version: str, kind: str) -> Any:
-        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+        return self._lookup(api_version=api_version, kind=kind)
+
+    def _lookup(self, **query: Any) -> Any:
+        """The dynamic client's resource for `query`, one lookup at a time."""
+        with self._discovery:
+            return self.dynamic.resources.get(**query)
 
     def _get(self, api_version: str, kind: str, name: str, namespace: str | None) -> Any:
         try:
@@ -154,7 +162,7 @@ class KubeAdapter:
         if kind.api_version is not None:
             resource = self._resource(kind.api_version, kind.kind)
         else:
-            resource = self.dynamic.resources.get(group=kind.group, kind=kind.kind, preferred=True)
+            resource = self._lookup(group=kind.group, kind=kind.kind, preferred=True)
         token: str | None = None
         while True:
             # Unserialized: json.loads of a page is many times faster than the dynamic
@@ -278,9 +286,7 @@ class KubeAdapter:
 
     def _list_workloads(self, namespace: str) -> list[dict[str, Any]]:
         try:
-            resource = self.dynamic.resources.get(
-                group=KUEUE_GROUP, kind="Workload", preferred=True
-            )
+            resource = self._lookup(group=KUEUE_GROUP, kind="Workload", preferred=True)
         except ResourceNotFoundError:
             return []
         items: list[dict[str, Any]] = resource.get(namespace=namespace).to_dict().get("items") or []
@@ -288,7 +294,7 @@ class KubeAdapter:
 
     def _get_kueue(self, kind: str, name: str, namespace: str | None) -> dict[str, Any] | None:
         try:
-            resource = self.dynamic.resources.get(group=KUEUE_GROUP, kind=kind, preferred=True)
+            resource = self._lookup(group=KUEUE_GROUP, kind=kind, preferred=True)
             found: dict[str, Any] = resource.get(name=name, namespace=namespace).to_dict()
         except (ResourceNotFoundError, NotFoundError):
             return None
