@@ -212,7 +212,7 @@ def scale_point(
         for q in (0.5, 0.99):
             whole = histogram_quantile(q, after)
             point[f"reconcile_p{int(q * 100)}_s"] = round(whole, 4) if whole is not None else None
-        # A restart: every SD reconciled again (kopf's resume handlers) by a fresh process.
+        # A restart: every SD reconciled again by a fresh process (its stores filled first).
         running.stop()
         offset = len(running.log_text())
         restarted = time.monotonic()
@@ -232,6 +232,8 @@ def scale_point(
         point["restart_startup_s"] = round(started_s, 1) if started_s is not None else None
         point["resync_s"] = round(time.monotonic() - restarted, 1) if seen == wanted else None
         point["resynced"] = len(seen)
+        # A restart changes nothing: every SD is read and none written.
+        point["resync_writes"] = len(running.writes_since(offset))
         log(f"scale {count}: resync of {len(seen)} SDs in {time.monotonic() - restarted:.1f}s")
         point["rss_after_resync_mib"] = round(rss_mib(running.process.pid), 1)
     finally:
@@ -272,7 +274,7 @@ def scale_result(
         f"server's audit log over {idle_s:.0f}s idle; reconcile p50/p99 from the operator's "
         "histogram over the whole run (bucket interpolation)",
         "ready_timeout_s": ready_timeout,
-        "targets": {"rss_mib": 250, "idle_writes_per_min": 0, "resync_s": 30},
+        "targets": {"rss_mib": 250, "idle_writes_per_min": 0, "resync_s": 30, "resync_writes": 0},
         "points": points,
     }
 
