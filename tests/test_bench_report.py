@@ -72,12 +72,18 @@ def test_autotune_same_k_as_the_oracle_is_met_without_rounds() -> None:
 
 def test_the_report_names_every_verdict_other_than_met() -> None:
     figures = passthrough_figures(saved("passthrough")) + autotune_figures(saved("autotune"))
-    rows = scale_rows(saved("scale"))
-    text = verdicts_section(figures, list(rows))
+    scale = saved("scale")
+    text = verdicts_section(figures, list(scale_rows(scale)))
     assert "P4 engine pass-through, tokens/s** (inconclusive)" in text
+    assert "P2 resync after a restart at 1000 SDs** (inconclusive (load))" in text
+    assert "P2 operator RSS at 1000 SDs**" not in text, "a met figure is not explained"
+    heavy = {
+        **scale,
+        "points": [*scale["points"][:-1], {**scale["points"][-1], "rss_idle_mib": 361.2}],
+    }
+    text = verdicts_section(figures, list(scale_rows(heavy)))
     assert "P2 operator RSS at 1000 SDs** (missed)" in text
     assert "Limited by:" in text
-    assert "P2 resync after a restart at 1000 SDs** (inconclusive (load))" in text
     assert "predicted-badly, k=1 vs k=5" not in text, "a met figure is not explained"
     shown = {row[0]: row for row in figure_rows(figures)}
     assert shown["P4 engine pass-through, tokens/s"][5] == "**inconclusive**"
