@@ -169,11 +169,15 @@ bench-scale: venv tools system-deps ## P2: 10/100/1,000 SDs under one operator (
 bench-engine-cluster: venv tools system-deps engine-venv ## P1 with CPU engines, P3 reaction, P4 pass-through
 	$(PY) -m bench.passthrough p1 p3 $(BENCH_ENGINE_CLUSTER_ARGS)
 
+.PHONY: bench-judge
+bench-judge: venv engine-venv ## The canary judge's accuracy over canaries of known outcome on the CPU engine (BENCH_JUDGE_ARGS)
+	$(PY) -m bench.judge_accuracy $(BENCH_JUDGE_ARGS)
+
 .PHONY: bench-report
 bench-report: venv ## bench/results/report.md, its plots and the table in docs/benchmarks.md
 	$(PY) -m bench.report
 
-BENCH_PARTS := bench-plan bench-rollout bench-engine-cluster bench-engine bench-autotune bench-scale
+BENCH_PARTS := bench-plan bench-rollout bench-engine-cluster bench-engine bench-autotune bench-scale bench-judge
 
 .PHONY: bench
 bench: venv tools system-deps engine-venv ## Every benchmark (not in CI), then the report, even when a part fails; results in bench/results/

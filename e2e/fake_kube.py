@@ -322,6 +322,25 @@ class FakeKube:
         self._applied.pop((kind, namespace, name), None)
         self._set_by_others.pop((kind, namespace, name), None)
 
+    def set_pod_condition(
+        self, namespace: str, name: str, condition_type: str, reason: str, message: str
+    ) -> None:
+        """A condition set True on a pod's status, others kept (a strategic merge by type)."""
+        self.write_requests += 1
+        for pod in self.pods:
+            meta = pod["metadata"]
+            if (meta.get("namespace"), meta.get("name")) != (namespace, name):
+                continue
+            conditions = [
+                c
+                for c in (pod.setdefault("status", {}).get("conditions") or [])
+                if c.get("type") != condition_type
+            ]
+            conditions.append(
+                {"type": condition_type, "status": "True", "reason": reason, "message": message}
+            )
+            pod["status"]["conditions"] = conditions
+
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         self.write_requests += 1
         key = ("SpeculativeDeployment", namespace, name)

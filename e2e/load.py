@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from background import Background
@@ -71,9 +71,12 @@ class CompletionLoad(Background):
             if not pods:
                 stop.wait(1.0)
                 continue
+            # Every pod gets the same prompt in a round: the revisions compared see the same
+            # prompt mix (a prompt per pod in turn gave each pod its own share of prompts, and
+            # the same draft a live acceptance 0.18 below the stable's).
+            prompt = self.prompts[turn % len(self.prompts)]
+            turn += 1
             for revision, url in pods:
-                prompt = self.prompts[turn % len(self.prompts)]
-                turn += 1
                 began = time.monotonic()
                 try:
                     complete(url, self.model, prompt, max_tokens=self.max_tokens)
@@ -81,3 +84,76 @@ class CompletionLoad(Background):
                     self.sent[revision] += 1
                 except Exception as error:  # a pod stopping under us
                     self.errors.append(f"{revision}: {error}")
+
+
+@dataclass
+class PerPodLoad(Background):
+    """One client per ready pod of the SD, each sending greedy completions back to back, so
+    every engine stays busy at one sequence at a time; `prompts_for(revision)` picks the
+    prompts each revision's pods get (the same for all by default: the prompt mix is the test's
+    choice). Counts what each revision answered; bounded in time, only ever to 127.0.0.1."""
+
+    kubectl: Kubectl
+    namespace: str
+    name: str
+    model: str
+    cluster: ClusterEnv
+    prompts_for: Callable[[str], Sequence[str]] = field(default=lambda _revision: PREDICTABLE)
+    max_tokens: int = 48
+    max_seconds: float = 1800.0
+    sent: Counter[str] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    thread_name = "per-pod load"
+    join_seconds = 120.0
+
+    def _ready(self) -> dict[str, tuple[str, str]]:
+        """pod name → (revision, url) of each ready pod not being deleted."""
+        found: dict[str, tuple[str, str]] = {}
+        for pod in revision_pods(self.kubectl, self.namespace, self.name):
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+            if ready and not pod["metadata"].get("deletionTimestamp"):
+                revision = pod["metadata"]["labels"].get(LABEL_REVISION, "")
+                found[pod["metadata"]["name"]] = (revision, engine_url(self.cluster, pod))
+        return found
+
+    def _client(
+        self, pod: str, revision: str, url: str, active: set[str], stop: threading.Event
+    ) -> None:
+        prompts = list(self.prompts_for(revision))
+        turn = 0
+        while not stop.is_set() and pod in active:
+            try:
+                complete(url, self.model, prompts[turn % len(prompts)], max_tokens=self.max_tokens)
+                self.sent[revision] += 1
+            except Exception as error:  # the pod stopping under us
+                self.errors.append(f"{revision}: {error}")
+                stop.wait(0.5)
+            turn += 1
+
+    def run_loop(self, stop: threading.Event) -> None:
+        deadline = time.monotonic() + self.max_seconds
+        active: set[str] = set()
+        clients: dict[str, threading.Thread] = {}
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                ready = self._ready()
+            except Exception as error:  # the API briefly away: try again
+                self.errors.append(f"listing pods: {error}")
+                ready = None
+            if ready is not None:
+                active.clear()
+                active.update(ready)
+                for pod, (revision, url) in ready.items():
+                    if pod not in clients or not clients[pod].is_alive():
+                        clients[pod] = threading.Thread(
+                            target=self._client,
+                            args=(pod, revision, url, active, stop),
+                            name=f"load {pod}",
+                            daemon=True,
+                        )
+                        clients[pod].start()
+            stop.wait(1.0)
+        active.clear()
+        for client in clients.values():
+            client.join(timeout=60)

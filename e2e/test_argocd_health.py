@@ -168,10 +168,15 @@ def test_health_of_each_phase_with_kwok_pods(
 
     # 9 pods on mig-3g.40gb: the interactive queue has 6 and may borrow 2.
     kubectl.apply([llama_8b("crowd", namespace, replicas=9)])
+    # Admitted is Unknown for the first seconds pods wait (Kueue admits new pods in a moment),
+    # then False with what the queue lacks.
     record.when(
         "waiting-for-quota",
         "crowd",
-        lambda sd: "lacks" in condition(sd, "Admitted").get("message", ""),
+        lambda sd: (
+            condition(sd, "Admitted").get("status") == "False"
+            and "lacks" in condition(sd, "Admitted").get("message", "")
+        ),
     )
     kubectl.run("delete", "sd", "crowd", "-n", namespace, "--timeout=60s", timeout=70)
 

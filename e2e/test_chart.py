@@ -51,6 +51,7 @@ pytestmark = pytest.mark.e2e
 CRD_NAME = "speculativedeployments.specdeploy.dev"
 OLD_FINALIZER = "specdeploy.dev/finalizer"
 NAME_LABEL = "specdeploy.dev/name"
+PROBE_GATE = "specdeploy.dev/probe-judged"
 REVISION_LABEL = "specdeploy.dev/revision"
 # Nothing listens on the discard port: a model outside the catalog fails fast, offline.
 LEGACY_REVISION = "legacy000"
@@ -354,8 +355,14 @@ def run_through_every_call(kubectl: Kubectl, namespace: str, operator: OperatorP
     """Drives the operator through each kind of request it can make: a pair served (its
     Deployment, record, Service, PodMonitor, status, Events), an old unrecorded revision
     resized, a revision pruned, a hub token read, and an SD deleted."""
-    kubectl.apply([llama_8b("chat", namespace, revisionHistoryLimit=1)])
+    # With a probe: its pods wait behind the probe's readiness gate, which the operator opens
+    # (a patch of each pod's status) once they ran it.
+    probe = {"analysis": {"probe": {"configMapKeyRef": {"name": "chat-probe"}}}}
+    kubectl.apply([llama_8b("chat", namespace, revisionHistoryLimit=1, rollout=probe)])
     first = wait_serving(kubectl, namespace, "chat", operator)
+    for pod in kubectl.get_json("pods", "-n", namespace, "-l", f"{NAME_LABEL}=chat")["items"]:
+        gate = [c for c in pod["status"]["conditions"] if c["type"] == PROBE_GATE]
+        assert [c["status"] for c in gate] == ["True"], pod["status"]["conditions"]
     sd = get_sd(kubectl, namespace, "chat")
     assert condition(sd, "Ready")["observedGeneration"] == sd["metadata"]["generation"]
     kubectl.get_json("podmonitor", "chat", "-n", namespace)
@@ -474,6 +481,9 @@ CAN_I_MATRIX: tuple[tuple[str, str, str, bool], ...] = (
     ("patch", "deployments.apps/scale", "watched", True),
     ("create", "controllerrevisions.apps", "watched", True),
     ("list", "pods", "watched", True),
+    # The probe's readiness gate: a pod condition, not the pod itself.
+    ("patch", "pods/status", "watched", True),
+    ("patch", "pods", "watched", False),
     ("create", "events", "watched", True),
     ("get", "secrets", "watched", True),
     ("list", "nodes", "", True),
@@ -507,8 +517,12 @@ CAN_I_MATRIX: tuple[tuple[str, str, str, bool], ...] = (
 
 
 def can_i(kubectl: Kubectl, user: str, verb: str, resource: str, namespace: str) -> bool:
+    """`kubectl auth can-i`; `resource` may name a subresource (`pods/status`), which kubectl
+    takes as `--subresource` (its `TYPE/NAME` form would name an object instead)."""
     scope = ["-n", namespace] if namespace else []
-    done = kubectl.run("auth", "can-i", verb, resource, *scope, f"--as={user}", check=False)
+    kind, _, subresource = resource.partition("/")
+    sub = [f"--subresource={subresource}"] if subresource else []
+    done = kubectl.run("auth", "can-i", verb, kind, *sub, *scope, f"--as={user}", check=False)
     answer = done.stdout.strip()
     assert answer in ("yes", "no"), done.stdout + done.stderr
     return answer == "yes"

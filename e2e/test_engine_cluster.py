@@ -195,7 +195,10 @@ def test_a_mismatched_draft_is_refused_and_the_good_pair_keeps_serving(
     failed = [r for r in sd["status"]["revisions"] if r["phase"] == "Failed"]
     [refused_revision] = [r["revision"] for r in failed if r["draft"]["model"].endswith(draft)]
     assert sd["status"]["phase"] == "Degraded"
-    assert condition(sd, "Ready")["reason"] == "PairIncompatible"
+    # Ready means serving: the good pair serves every replica; Degraded says why.
+    ready = condition(sd, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "AllReplicasReady"), ready
+    assert "stopped (PairIncompatible" in ready["message"]
 
     warnings = [
         e

@@ -14,8 +14,10 @@ good draft (`draft-small`) and wait for Ready; send a completion and read the ac
 from Prometheus; then point the same SpeculativeDeployment at a draft trained for another
 target and show it refused (PairCompatible=False, a Warning Event) while the good pair keeps
 serving; then, with completions flowing to every serving pod, a draft that is almost never
-accepted runs as a canary and is rolled back by its analysis; last, the collapse guard takes
-speculation off the good pair. Exits non-zero, naming the step, when one fails.
+accepted runs as a canary and is rolled back on its probe (the same prompts every revision's
+pods run before they serve) before any completion reaches it, shown by `kubectl specdeploy
+status`; last, the collapse guard takes speculation off the good pair. Exits non-zero, naming
+the step, when one fails.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -76,17 +79,18 @@ SD = "tiny-chat"
 GOOD_DRAFT = "draft-small"
 BAD_DRAFT = "eagle3-other-verifier"
 USELESS_DRAFT = "draft-bad"
-# A canary judged every 10 s on a 20 s window, rolled back at 2 failures, promoted at 2 passes.
+# A canary judged every 10 s on a 20 s window, rolled back at 2 failures, promoted at 2 passes;
+# every pod runs the probe's prompts before it serves. Every criterion is the default.
+PROBE = "demo-probe"
 ROLLOUT = {
     "canary": {"replicas": 1},
     "analysis": {
         "interval": "10s",
         "window": "20s",
         "minDraftTokens": 60,
-        "minAcceptanceRate": 0.5,
-        "maxLatencyIncrease": 3.0,
         "failureLimit": 2,
         "promoteAfter": 2,
+        "probe": {"configMapKeyRef": {"name": PROBE, "key": "prompts"}, "maxTokens": 48},
     },
 }
 RUN = REPO / ".run" / "demo"
@@ -137,6 +141,29 @@ def show(kubectl: Kubectl, *args: str) -> None:
     done = kubectl.run(*args, check=False)
     for line in (done.stdout + done.stderr).rstrip().splitlines():
         print(f"      {line}")
+
+
+def show_plugin(kubectl: Kubectl, *args: str) -> None:
+    """`kubectl specdeploy ...`, as a person runs it: kubectl finds the package's
+    `kubectl-specdeploy` on PATH."""
+    print(f"    $ kubectl specdeploy -n {NAMESPACE} {' '.join(args)}", flush=True)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "KUBECONFIG": str(kubectl.kubeconfig),
+    }
+    done = subprocess.run(
+        [str(kubectl.binary), "specdeploy", "-n", NAMESPACE, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    for line in (done.stdout or done.stderr).rstrip().splitlines():
+        print(f"      {line}")
+    if done.returncode != 0:
+        raise RuntimeError(f"kubectl specdeploy {' '.join(args)} exited {done.returncode}")
 
 
 def alive(pid: int) -> bool:
@@ -191,6 +218,17 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: ChartOperator) -> None:
         refuse_a_second_operator()
         create_namespace_with_queues(kubectl, NAMESPACE)
         install_chart(env, kubectl, str(python))
+        kubectl.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": PROBE, "namespace": NAMESPACE},
+                    "data": {"prompts": json.dumps(PROMPTS)},
+                }
+            ]
+        )
+        say(f"ConfigMap {PROBE}: the probe's prompts, run by every engine pod before it serves")
 
     with step("The operator as the chart's two pods: one leads, one stands by"):
         pods = wait_for(lambda: operator.ready_pods(2), 180, "two operator pods Ready")
@@ -317,7 +355,9 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: ChartOperator) -> None:
         with CompletionLoad(kubectl, NAMESPACE, SD, models["target"], env) as load:
             kubectl.apply([demo_sd(models, USELESS_DRAFT, "1.2-useless")])
             say("the launcher passes this pair (it is made for this target): only its measured")
-            say("acceptance can tell; completions go to every serving pod meanwhile")
+            say("acceptance can tell. Its pod runs the probe's prompts against its own vLLM and")
+            say("stays out of the Service (a readiness gate) until the operator compared them")
+            say("with the stable's; completions go to every serving pod meanwhile")
 
             def rolled_back() -> dict[str, Any] | None:
                 sd = get_sd(kubectl, NAMESPACE, SD)
@@ -325,8 +365,15 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: ChartOperator) -> None:
                 return sd if analysis.get("outcome") == "Rollback" else None
 
             sd = wait_for(rolled_back, READY_TIMEOUT_S, "the canary's analysis to roll it back")
-        say(f"completions sent by revision: {dict(load.sent)}")
-        show(kubectl, "get", "sd", SD, "-n", NAMESPACE, "-o", CONDITIONS_JSONPATH)
+        canary = sd["status"]["analysis"]["revision"]
+        [record] = [r for r in sd["status"]["revisions"] if r["revision"] == canary]
+        probe = record["verdicts"][0]
+        say(f"the probe's verdict ({probe['source']}, {probe['result']}): {probe['message']}")
+        say(
+            f"completions sent by revision: {dict(load.sent)}: none to {canary}, which served "
+            f"only the probe's {record['probe']['requests']} requests"
+        )
+        show_plugin(kubectl, "status", SD)
         show(
             kubectl,
             "get",
@@ -338,6 +385,8 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: ChartOperator) -> None:
         )
         if sd["status"]["stableRevision"] != stable:
             raise RuntimeError(f"the stable revision moved from {stable}")
+        if load.sent[canary]:
+            raise RuntimeError(f"{load.sent[canary]} completions reached the canary {canary}")
         show(kubectl, "get", "sd", "-n", NAMESPACE, "-o", "wide")
 
     with step("The collapse guard: acceptance below its floor takes speculation off"):

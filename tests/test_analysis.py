@@ -12,64 +12,210 @@ from specdeploy.plan.rollout.analysis import (
     IntervalVerdict,
     Measurement,
     Outcome,
+    ProbeTokens,
     Result,
     advance,
     interval_number,
     judge_interval,
+    live_window,
 )
+from vllm_windows import served
 
 CRITERIA = AnalysisSettings()
-GOOD = Measurement(acceptance_rate=0.82, mean_acceptance_length=3.1, draft_tokens=2412)
 PASS = IntervalVerdict(Result.PASS, "")
 FAIL = IntervalVerdict(Result.FAIL, "")
 NO_DATA = IntervalVerdict(Result.INCONCLUSIVE, "")
 
+# Target alone, 8 ms a step (every step under vLLM's first bucket bound, 10 ms), one token each.
+TARGET_ALONE = served(0.008).measurement()
+# A pair at k=3 with two of three draft tokens accepted: 12 ms a step (the next bucket, 10 to
+# 25 ms), three tokens a step: 4 ms per token.
+PAIR = served(0.012, k=3, accepted_per_step=2).measurement()
+
+
+def test_a_good_pair_passes_with_its_figures_beside_the_stable_s() -> None:
+    verdict = judge_interval(PAIR, TARGET_ALONE, stable_has_draft=False, criteria=CRITERIA)
+    assert verdict.result == Result.PASS, verdict.message
+    assert verdict.message.startswith("acceptance 0.67 (mean length 3.00) over 5,760 draft tokens")
+    assert "4.0 ms per token vs the stable's 8.0 ms (0.50x)" in verdict.message
+    assert "first token 20.0 ms vs 20.0 ms (1.00x)" in verdict.message
+    assert "errors 0.0% of 40 requests vs the stable's 0.0%" in verdict.message
+
 
 def test_a_bad_draft_fails_with_its_figures() -> None:
-    bad = Measurement(acceptance_rate=0.08, draft_tokens=2412)
-    verdict = judge_interval(bad, None, stable_has_draft=False, criteria=CRITERIA)
+    bad = served(0.012, k=3, accepted_per_step=0).measurement()
+    verdict = judge_interval(bad, TARGET_ALONE, stable_has_draft=False, criteria=CRITERIA)
     assert verdict.result == Result.FAIL
-    assert verdict.message == "acceptance 0.08 < 0.60 over 2,412 draft tokens"
-
-
-def test_a_good_draft_passes() -> None:
-    verdict = judge_interval(GOOD, None, stable_has_draft=False, criteria=CRITERIA)
-    assert verdict.result == Result.PASS
-    assert "0.82" in verdict.message
+    assert verdict.message.startswith("acceptance 0.00 < 0.60 over 5,760 draft tokens")
+    # The same draft is also slower per token than the target alone (12 ms a token), and says so.
+    assert "time per output token 12.0 ms is 1.50x the stable's 8.0 ms" in verdict.message
 
 
 @pytest.mark.parametrize(
     ("canary", "why"),
     [
-        (Measurement(acceptance_rate=0.9, draft_tokens=1999), "fewer than the 2,000"),
+        (replace(PAIR, draft_tokens=1999), "fewer than the 2,000"),
         (Measurement(acceptance_rate=None, draft_tokens=0), "fewer than the 2,000"),
         (Measurement(error="connection refused"), "metrics unavailable: connection refused"),
     ],
 )
 def test_too_little_data_or_no_prometheus_is_inconclusive(canary: Measurement, why: str) -> None:
-    verdict = judge_interval(canary, GOOD, stable_has_draft=True, criteria=CRITERIA)
+    verdict = judge_interval(canary, PAIR, stable_has_draft=True, criteria=CRITERIA)
     assert verdict.result == Result.INCONCLUSIVE
     assert why in verdict.message
 
 
+@pytest.mark.parametrize(
+    ("stable", "why"),
+    [
+        (Measurement(error="timed out"), "the stable's figures could not be read: timed out"),
+        (Measurement(), "the stable decoded nothing in the window"),
+    ],
+)
+def test_a_failed_or_empty_stable_measurement_is_inconclusive_never_a_pass(
+    stable: Measurement, why: str
+) -> None:
+    verdict = judge_interval(PAIR, stable, stable_has_draft=True, criteria=CRITERIA)
+    assert verdict.result == Result.INCONCLUSIVE
+    assert why in verdict.message
+    # A floor failure still fails: the canary's own figures suffice for it.
+    bad = served(0.012, k=3, accepted_per_step=0).measurement()
+    assert judge_interval(bad, stable, True, CRITERIA).result == Result.FAIL
+
+
 def test_a_drop_against_a_stable_with_a_draft_fails_but_not_against_one_without() -> None:
-    canary = Measurement(acceptance_rate=0.65, draft_tokens=5000)
-    stable = Measurement(acceptance_rate=0.85, draft_tokens=5000)
+    canary = served(0.012, k=3, accepted_per_step=2).measurement()  # 0.67
+    stable = served(0.012, k=4, accepted_per_step=4).measurement()  # 1.00, 5 tokens a step
     with_draft = judge_interval(canary, stable, stable_has_draft=True, criteria=CRITERIA)
     assert with_draft.result == Result.FAIL
-    assert "0.20 below the stable's 0.85" in with_draft.message
-    without = judge_interval(canary, stable, stable_has_draft=False, criteria=CRITERIA)
-    assert without.result == Result.PASS
+    assert "acceptance 0.67 is 0.33 below the stable's 1.00" in with_draft.message
+    # Judged on the probe's identical prompts instead (the drop was judged there): the live
+    # acceptance of two prompt mixes is not compared, only the latency on the probe's tokens.
+    same = ProbeTokens(canary=5.0, stable=5.0)
+    on_probe = judge_interval(canary, stable, True, CRITERIA, probe=same)
+    assert on_probe.result == Result.PASS, on_probe.message
+    assert "(1.00x on the probe's tokens per step)" in on_probe.message
 
 
-def test_an_accepted_but_slow_draft_fails_on_latency() -> None:
-    canary = Measurement(acceptance_rate=0.95, draft_tokens=5000, inter_token_latency_p50=0.030)
-    stable = Measurement(inter_token_latency_p50=0.020)
-    verdict = judge_interval(canary, stable, stable_has_draft=False, criteria=CRITERIA)
+def test_real_buckets_a_pair_a_bucket_above_the_target_alone_yet_faster_per_token_passes() -> None:
+    stable, canary = served(0.008), served(0.012, k=3, accepted_per_step=2)
+    # What a bucketed median would say: every stable step sits in the first bucket (to 10 ms)
+    # and every canary step in the second (10 to 25 ms), so the interpolated medians are 5 and
+    # 17.5 ms: 3.5x "slower", rolled back by any per-step bound.
+    assert stable.itl.interpolated_quantile(0.5) == pytest.approx(0.005)
+    assert canary.itl.interpolated_quantile(0.5) == pytest.approx(0.0175)
+    # Per token it is twice as fast: 4 ms against 8.
+    verdict = judge_interval(canary.measurement(), stable.measurement(), False, CRITERIA)
+    assert verdict.result == Result.PASS, verdict.message
+    assert verdict.time_per_output_token == pytest.approx(0.004)
+    assert verdict.stable_time_per_output_token == pytest.approx(0.008)
+    assert run([verdict] * CRITERIA.promote_after)[-1] == Outcome.PROMOTE
+
+
+def test_real_buckets_a_pair_15_percent_slower_per_token_in_the_same_bucket_fails() -> None:
+    stable = served(0.012, k=3, accepted_per_step=2)
+    canary = served(0.0138, k=3, accepted_per_step=2)  # 15 % longer steps, same tokens a step
+    # Both in the 10 to 25 ms bucket: the interpolated medians are alike (1.0x), so a bound on
+    # them passes anything inside the bucket.
+    assert canary.itl.interpolated_quantile(0.5) == pytest.approx(
+        stable.itl.interpolated_quantile(0.5)
+    )
+    verdict = judge_interval(canary.measurement(), stable.measurement(), True, CRITERIA)
     assert verdict.result == Result.FAIL
-    assert "1.50x the stable's 20.0 ms" in verdict.message
-    close = Measurement(acceptance_rate=0.95, draft_tokens=5000, inter_token_latency_p50=0.021)
-    assert judge_interval(close, stable, False, CRITERIA).result == Result.PASS
+    assert "time per output token 4.6 ms is 1.15x the stable's 4.0 ms" in verdict.message
+    assert run([verdict] * CRITERIA.failure_limit)[-1] == Outcome.ROLLBACK
+
+
+def test_an_accepted_but_slow_draft_fails_on_time_per_output_token() -> None:
+    # Every draft token accepted (4 tokens a step at k=3), but a step takes 40 ms: 10 ms a
+    # token against the target alone's 8.
+    slow = served(0.040, k=3, accepted_per_step=3).measurement()
+    verdict = judge_interval(slow, TARGET_ALONE, False, CRITERIA)
+    assert verdict.result == Result.FAIL
+    assert verdict.message == (
+        "time per output token 10.0 ms is 1.25x the stable's 8.0 ms (more than 1.10x)"
+    )
+    # Within the bound: 35 ms a step is 8.75 ms a token, 1.09x.
+    close = served(0.035, k=3, accepted_per_step=3).measurement()
+    assert judge_interval(close, TARGET_ALONE, False, CRITERIA).result == Result.PASS
+    # The bound's former name still sets it (it is per token now).
+    looser = AnalysisSettings(max_time_per_output_token_increase=1.3)
+    assert judge_interval(slow, TARGET_ALONE, False, looser).result == Result.PASS
+
+
+def test_a_slower_first_token_beyond_the_bound_fails() -> None:
+    canary = served(0.012, k=3, accepted_per_step=2, first_token=0.080).measurement()
+    verdict = judge_interval(canary, TARGET_ALONE, False, CRITERIA)
+    assert verdict.result == Result.FAIL
+    assert verdict.message == (
+        "time to first token 80.0 ms is 4.00x the stable's 20.0 ms (more than 1.50x and 50ms "
+        "longer)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("canary_first", "stable_first", "why"),
+    [
+        (0.031, 0.020, "1.55x, but 11 ms longer: a draft's first step nobody notices"),
+        (0.280, 0.200, "80 ms longer, but 1.40x"),
+    ],
+)
+def test_a_first_token_fails_only_beyond_both_the_ratio_and_the_tolerance(
+    canary_first: float, stable_first: float, why: str
+) -> None:
+    canary = served(0.012, k=3, accepted_per_step=2, first_token=canary_first).measurement()
+    stable = served(0.008, first_token=stable_first).measurement()
+    assert judge_interval(canary, stable, False, CRITERIA).result == Result.PASS, why
+
+
+def test_requests_that_fail_fail_the_canary() -> None:
+    failing = served(0.012, k=3, accepted_per_step=2, failed=20).measurement()
+    verdict = judge_interval(failing, TARGET_ALONE, False, CRITERIA)
+    assert verdict.result == Result.FAIL
+    assert verdict.message == (
+        "errors 50.0% of 40 requests vs the stable's 0.0% (more than 5% above)"
+    )
+    # As many errors as the stable's: not the canary's doing.
+    stable = served(0.008, failed=20).measurement()
+    assert judge_interval(failing, stable, False, CRITERIA).result == Result.PASS
+    # Two of forty (5 %) is within the bound.
+    few = served(0.012, k=3, accepted_per_step=2, failed=2).measurement()
+    assert judge_interval(few, TARGET_ALONE, False, CRITERIA).result == Result.PASS
+
+
+def test_latency_is_not_compared_across_loads_too_far_apart() -> None:
+    # The stable runs two sequences a step (twice the engine steps' sequences): its latency
+    # says nothing of the canary's at batch 1.
+    busy = replace(TARGET_ALONE, engine_steps=(TARGET_ALONE.engine_steps or 0) / 2)
+    slow = served(0.040, k=3, accepted_per_step=3).measurement()
+    verdict = judge_interval(slow, busy, False, CRITERIA)
+    assert verdict.result == Result.INCONCLUSIVE
+    assert "latency not compared: running batch 1.00 vs the stable's 2.00" in verdict.message
+    # A failure of another criterion still fails.
+    bad = served(0.012, k=3, accepted_per_step=0).measurement()
+    assert judge_interval(bad, busy, False, CRITERIA).result == Result.FAIL
+
+
+def test_no_finished_request_or_no_first_token_is_inconclusive() -> None:
+    unfinished = replace(PAIR, finished=0.0, failed=0.0)
+    verdict = judge_interval(unfinished, TARGET_ALONE, False, CRITERIA)
+    assert verdict.result == Result.INCONCLUSIVE
+    assert "no request of the canary finished" in verdict.message
+    no_first = replace(PAIR, first_tokens=0.0, first_token_seconds_sum=0.0)
+    verdict = judge_interval(no_first, TARGET_ALONE, False, CRITERIA)
+    assert verdict.result == Result.INCONCLUSIVE
+    assert "time to first token not measured" in verdict.message
+
+
+def test_a_canary_without_a_draft_is_judged_on_its_tokens() -> None:
+    canary = served(0.008, requests=50).measurement()
+    verdict = judge_interval(canary, PAIR, True, CRITERIA, canary_has_draft=False)
+    assert verdict.result == Result.FAIL  # 8 ms a token against the pair's 4
+    assert "time per output token 8.0 ms is 2.00x" in verdict.message
+    few = served(0.008, requests=10).measurement()
+    verdict = judge_interval(few, PAIR, True, CRITERIA, canary_has_draft=False)
+    assert verdict.result == Result.INCONCLUSIVE
+    assert "480 tokens in the window, fewer than the 2,000" in verdict.message
 
 
 def run(verdicts: list[IntervalVerdict], criteria: AnalysisSettings = CRITERIA) -> list[Outcome]:
@@ -106,6 +252,14 @@ def test_inconclusive_follows_the_policy() -> None:
     assert run([NO_DATA], AnalysisSettings(on_inconclusive="Promote")) == [Outcome.PROMOTE]
 
 
+def test_a_hold_lasts_at_most_the_inconclusive_limit_in_a_row() -> None:
+    limit = AnalysisSettings(inconclusive_limit=3)
+    assert run([NO_DATA] * 3, limit) == [Outcome.HOLD, Outcome.HOLD, Outcome.ROLLBACK]
+    # A conclusive verdict starts the count again.
+    assert run([NO_DATA, NO_DATA, PASS, NO_DATA, NO_DATA], limit)[-1] == Outcome.HOLD
+    assert AnalysisSettings().inconclusive_limit == 20
+
+
 def test_an_interval_is_counted_once_so_a_restart_cannot_count_it_again() -> None:
     state, _ = advance(AnalysisState(), 0, FAIL, CRITERIA)
     again, outcome = advance(state, 0, FAIL, CRITERIA)
@@ -124,24 +278,32 @@ def test_intervals_are_numbered_from_the_canary_start() -> None:
 
 
 # A tuned canary (only its autotuned k differs from the stable) is judged by tokens per second.
-# Stable k=3: a = 0.9, 0.8, 0.7 -> acceptance 2.4/3 = 0.80, mean length 1 + 2.4 = 3.4 tokens
-# per step, 20 ms a step -> 170 tokens/s per sequence.
-STABLE_K3 = Measurement(
-    acceptance_rate=0.80,
-    mean_acceptance_length=3.4,
-    draft_tokens=6000,
-    step_seconds=0.020,
-)
+# Stable k=3: 3.4 tokens per step, 20 ms a step -> 170 tokens/s per sequence.
+def _tuned(
+    step_seconds: float, tokens_per_step: float, acceptance: float, k: int = 3
+) -> Measurement:
+    steps = 2000.0
+    return Measurement(
+        acceptance_rate=acceptance,
+        mean_acceptance_length=tokens_per_step,
+        draft_tokens=steps * k,
+        step_seconds_sum=steps * step_seconds,
+        steps=steps,
+        output_tokens=steps * tokens_per_step + 40,
+        first_token_seconds_sum=0.8,
+        first_tokens=40.0,
+        engine_steps=steps + 40,
+        finished=40.0,
+        failed=0.0,
+    )
+
+
+STABLE_K3 = _tuned(0.020, 3.4, 0.80)
 
 
 def _k6(step_seconds: float, acceptance: float = 0.65) -> Measurement:
-    # k=6: a = 0.9 .. 0.4 -> acceptance 3.9/6 = 0.65, mean length 4.9 tokens per step.
-    return Measurement(
-        acceptance_rate=acceptance,
-        mean_acceptance_length=4.9,
-        draft_tokens=6000,
-        step_seconds=step_seconds,
-    )
+    # k=6: a = 0.9 .. 0.4 -> acceptance 3.9/6 = 0.65, 4.9 tokens per step.
+    return _tuned(step_seconds, 4.9, acceptance, k=6)
 
 
 def test_a_longer_tuned_k_with_a_lower_acceptance_rate_but_more_tokens_per_second_passes() -> None:
@@ -172,27 +334,22 @@ def test_a_tuned_k_within_the_tolerance_passes_and_just_beyond_it_fails() -> Non
     assert verdict.message.endswith("more than 10% slower")
 
 
-def test_a_tuned_k_is_judged_by_its_mean_step_time_not_the_bucketed_median() -> None:
-    # vLLM's first inter-token latency bucket ends at 10 ms: two engines whose steps all take
-    # under 10 ms get the same interpolated p50 (5 ms), whatever their real step times. The mean
-    # (histogram sum over count) tells them apart: the k=6 at 32 ms a step is 153.1 tokens/s
-    # against the stable's 170, and fails although its median equals the stable's.
-    canary = replace(_k6(0.032), inter_token_latency_p50=0.005)
-    stable = replace(STABLE_K3, inter_token_latency_p50=0.005)
-    verdict = judge_interval(canary, stable, True, CRITERIA, tuned=True)
-    assert verdict.result == Result.FAIL
-    assert "153.1 tokens/s per sequence vs the stable's 170.0" in verdict.message
-
-
 def test_a_tuned_k_keeps_the_acceptance_floor() -> None:
     canary = _k6(0.020, acceptance=0.55)  # 245 tokens/s, but below minAcceptanceRate 0.60
     verdict = judge_interval(canary, STABLE_K3, True, CRITERIA, tuned=True)
     assert verdict.result == Result.FAIL
-    assert verdict.message.startswith("acceptance 0.55 < 0.60")
+    assert verdict.message.startswith("tuned revision: acceptance 0.55 < 0.60")
 
 
 def test_a_tuned_k_without_the_stable_s_step_time_is_inconclusive() -> None:
-    stable = Measurement(acceptance_rate=0.80, mean_acceptance_length=3.4, draft_tokens=6000)
+    stable = replace(STABLE_K3, error="timed out")
     verdict = judge_interval(_k6(0.026), stable, True, CRITERIA, tuned=True)
     assert verdict.result == Result.INCONCLUSIVE
-    assert "the stable's tokens per second" in verdict.message
+    assert "the stable's figures could not be read" in verdict.message
+
+
+def test_the_live_window_is_cut_at_the_analysis_start() -> None:
+    assert live_window("5m", None, 1000) == "5m"
+    assert live_window("5m", 1000, 1060.7) == "60s"
+    assert live_window("5m", 1000, 1300) == "5m"
+    assert live_window("20s", 1000, 1010) == "10s"

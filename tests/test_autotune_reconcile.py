@@ -6,9 +6,9 @@ import dataclasses
 from typing import Any
 
 from specdeploy.handlers.reconcile import Reconciler
-from specdeploy.plan.rollout.analysis import Measurement
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement
 from test_canary import GOOD, World
+from vllm_windows import figures
 
 # The stable serves k=3 (sd_body); 1000 drafts accepted 0.9, 0.8, 0.7 at positions 0-2, a 13 ms
 # step: with draftCostRatio 0.1 and maxTokens 5 the model predicts k=5, +10.7 % (see
@@ -108,18 +108,8 @@ def test_apply_rolls_a_tuned_revision_through_the_canary_and_promotes_it() -> No
     # 0.10 lower) and its steps are 15 % longer, both of which would fail an ordinary canary;
     # but 4.4 tokens a 23 ms step is 191 tokens/s against 3.4 a 20 ms step, 170: it passes.
     world.measured = {
-        stable: Measurement(
-            acceptance_rate=0.80,
-            mean_acceptance_length=3.4,
-            draft_tokens=6000,
-            step_seconds=0.020,
-        ),
-        canary: Measurement(
-            acceptance_rate=0.68,
-            mean_acceptance_length=4.4,
-            draft_tokens=6000,
-            step_seconds=0.023,
-        ),
+        stable: figures(0.80, 3.4, 0.020, draft_tokens=6000),
+        canary: figures(0.68, 4.4, 0.023, draft_tokens=6000),
     }
     world.step(10)
     world.step(10)
@@ -149,14 +139,9 @@ def test_a_tuned_revision_the_canary_rejects_is_rolled_back_and_not_retried() ->
     canary = world.status["canaryRevision"]
     # The longer k is slower in fact: 3.2 tokens a 50 ms step is 64 tokens/s against the
     # stable's 3.1 a 20 ms step, 155.
-    slow = Measurement(
-        acceptance_rate=0.8,
-        mean_acceptance_length=3.2,
-        draft_tokens=2412,
-        step_seconds=0.05,
-    )
+    slow = figures(0.8, 3.2, 0.05, draft_tokens=2412)
     world.measured = {
-        stable: Measurement(**{**GOOD.__dict__, "step_seconds": 0.02}),
+        stable: figures(0.8, 3.1, 0.02, draft_tokens=2412),
         canary: slow,
     }
     world.tuning_measured[canary] = AutotuneMeasurement(
@@ -226,10 +211,9 @@ def test_a_recommended_schedule_is_rolled_out_as_a_revision_and_promoted_with_it
     assert world.reasons().count("TunedRevisionRolledOut") == 1
 
     # Judged by throughput, as any tuned revision: 4.0 tokens a 20 ms step against 3.4.
-    fast = Measurement(**{**GOOD.__dict__, "step_seconds": 0.020})
     world.measured = {
-        stable: Measurement(**{**fast.__dict__, "mean_acceptance_length": 3.4}),
-        canary: Measurement(**{**fast.__dict__, "mean_acceptance_length": 4.0}),
+        stable: figures(0.8, 3.4, 0.020, draft_tokens=2412),
+        canary: figures(0.8, 4.0, 0.020, draft_tokens=2412),
     }
     for _ in range(3):
         world.step(10)

@@ -14,9 +14,10 @@ from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.rollout.analysis import Measurement
 from test_reconcile import NODES, sd_body
+from vllm_windows import figures
 
-GOOD = Measurement(acceptance_rate=0.8, mean_acceptance_length=3.2, draft_tokens=2412)
-BAD = Measurement(acceptance_rate=0.08, mean_acceptance_length=1.2, draft_tokens=2412)
+GOOD = figures(0.8, 3.2, draft_tokens=2412)
+BAD = figures(0.08, 1.2, draft_tokens=2412)
 NOTHING = Measurement(draft_tokens=0)
 ANALYSIS = {"interval": "10s", "minDraftTokens": 100, "failureLimit": 2, "promoteAfter": 2}
 
@@ -121,6 +122,17 @@ def test_a_bad_canary_is_rolled_back_the_stable_keeps_serving_and_it_is_not_retr
     assert (degraded["status"], degraded["reason"]) == ("True", "RolledBack")
     assert "acceptance 0.08 < 0.60 over 2,412 draft tokens" in degraded["message"]
     assert "2 failed verdicts" in degraded["message"]
+    # Ready means serving: the stable revision serves every replica (kubectl wait, HPA).
+    ready = world.condition("Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "AllReplicasReady")
+    assert ready["message"] == (
+        f"2/2 pods of revision {stable} ready; revision {canary} stopped (RolledBack: see Degraded)"
+    )
+    # No launcher to wait for: the canary's pods are gone for good.
+    world.step()
+    pair = world.condition("PairCompatible")
+    assert "waiting for the engine launcher" not in pair["message"]
+    assert pair["message"].startswith(f"revision {canary} was rolled back")
     phases = {r["revision"]: r["phase"] for r in world.status["revisions"]}
     assert phases == {stable: "Stable", canary: "Failed"}
     warnings = [(reason, message) for type_, reason, message in world.events if type_ == "Warning"]
@@ -219,16 +231,19 @@ def test_a_canary_that_never_gets_ready_is_never_judged_and_the_stable_serves() 
     stable = world.status["stableRevision"]
     sd = world.kube.objects[("SpeculativeDeployment", "ns", "chat")]
     sd["spec"]["pair"]["draft"]["revision"] = "r2"
-    # Its pod never becomes ready (say, vLLM still loading): no analysis starts.
+    # Its pod never becomes ready (say, vLLM still loading): no verdict is taken.
     world.reconciler.reconcile("ns", "chat")
     canary = world.status["canaryRevision"]
     world.measured = {stable: GOOD}
     for _ in range(5):
         world.now += timedelta(seconds=10)
         world.reconciler.reconcile("ns", "chat")
-    assert world.status.get("analysis") is None
+    analysis = world.status["analysis"]
+    assert (analysis["stage"], analysis["lastInterval"]) == ("Starting", -1)
     assert world.replicas() == {stable: 2, canary: 1}
-    assert world.condition("Progressing")["reason"] == "NewRevision"
+    progressing = world.condition("Progressing")
+    assert progressing["reason"] == "CanaryStarting"
+    assert "waiting for its pods to be ready" in progressing["message"]
     assert world.status["stableRevision"] == stable
 
 
@@ -282,14 +297,120 @@ def test_each_new_measurement_is_logged_once_in_the_line_the_demo_reads(
     # the same over later reconciles, are not logged again.
     assert sorted(r.getMessage().split(" ")[3] for r in lines) == sorted([canary, canary, stable])
     nothing, good = (r for r in lines if f"revision {canary} " in r.getMessage())
+
     assert nothing.getMessage() == (
-        f"measured ns/chat revision {canary} over 5m: acceptance n/a, mean acceptance length "
-        "n/a, 0 draft tokens, mean step n/a"
+        f"measured ns/chat revision {canary} over 5m: acceptance n/a, 0 draft tokens, n/a "
+        "tokens a step, mean step n/a, n/a per token, first token n/a, batch n/a, errors n/a"
     )
-    assert "acceptance 0.80, mean acceptance length 3.20, 2,412 draft tokens" in good.getMessage()
+    assert "acceptance 0.80, 2,412 draft tokens, 3.20 tokens a step" in good.getMessage()
     # The operator's log format (handlers/run.py), as make demo's waits read it back.
     line = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s").format(nothing)
     found = MEASURED_LINE.match(line)
     assert found is not None
     assert (found[2], found[3]) == ("ns", "chat")
     assert found[4].startswith(f"revision {canary} over 5m: acceptance n/a")
+
+
+def test_a_failed_stable_query_never_promotes_the_canary() -> None:
+    world = started()
+    stable, canary = world.new_draft("r2")
+    world.measured = {stable: Measurement(error="query timed out"), canary: GOOD}
+    for _ in range(5):
+        world.step(10)
+    assert world.status["stableRevision"] == stable
+    assert world.replicas() == {stable: 2, canary: 1}
+    assert world.status["analysis"]["outcome"] == "Hold"
+    assert (
+        "the stable's figures could not be read: query timed out"
+        in (world.condition("Progressing")["message"])
+    )
+    # Its figures back: judged and promoted.
+    world.measured = {stable: GOOD, canary: GOOD}
+    world.step(10)
+    world.step(10)
+    world.step()
+    assert world.status["stableRevision"] == canary
+
+
+def test_each_verdict_records_the_canary_s_and_the_stable_s_figures_of_one_window() -> None:
+    world = started()
+    stable, canary = world.new_draft("r2")
+    world.measured = {stable: figures(0.8, 3.2, 0.012), canary: figures(0.8, 3.2, 0.010)}
+    world.step(10)
+    [record] = [r for r in world.status["revisions"] if r["revision"] == canary]
+    verdict = record["verdicts"][-1]
+    assert verdict["source"] == "Live"
+    assert verdict["timePerOutputTokenSeconds"] == pytest.approx(0.010 / 3.2, abs=1e-5)
+    assert verdict["stableTimePerOutputTokenSeconds"] == pytest.approx(0.012 / 3.2, abs=1e-5)
+    assert verdict["timeToFirstTokenSeconds"] == verdict["stableTimeToFirstTokenSeconds"] == 0.02
+    assert (verdict["batchSize"], verdict["stableBatchSize"]) == (1.0, 1.0)
+    assert (verdict["errorRate"], verdict["stableErrorRate"]) == (0.0, 0.0)
+
+
+def test_a_canary_that_never_gets_ready_is_rolled_back_at_its_deadline() -> None:
+    world = started()
+    sd = world.kube.objects[("SpeculativeDeployment", "ns", "chat")]
+    sd["spec"]["rollout"]["progressDeadlineSeconds"] = 300
+    stable = world.status["stableRevision"]
+    sd["spec"]["pair"]["draft"]["revision"] = "r2"
+    world.reconciler.reconcile("ns", "chat")  # the canary's pod never gets ready
+    canary = world.status["canaryRevision"]
+    world.measured = {stable: GOOD}
+    world.now += timedelta(seconds=299)
+    world.reconciler.reconcile("ns", "chat")
+    assert world.replicas() == {stable: 2, canary: 1}
+    world.now += timedelta(seconds=2)
+    world.reconciler.reconcile("ns", "chat")
+    assert world.replicas() == {stable: 2, canary: 0}, "its pods are freed"
+    degraded = world.condition("Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ProgressDeadlineExceeded")
+    assert (
+        "progress deadline of 300s exceeded after 301s: 0/1 canary pods ready"
+        in (degraded["message"])
+    )
+    assert world.condition("Progressing")["reason"] == "ProgressDeadlineExceeded"
+    assert world.status["phase"] == "RolledBack"
+    # Not tried again while the spec names it, even after a restart.
+    world.restart()
+    world.step(600)
+    assert world.replicas() == {stable: 2, canary: 0}
+
+
+def test_a_plain_new_revision_that_never_gets_ready_is_stopped_at_its_deadline() -> None:
+    world = World()
+    sd = world.kube.objects[("SpeculativeDeployment", "ns", "chat")]
+    sd["spec"]["rollout"] = {"progressDeadlineSeconds": 60}  # no canary: a plain new pair
+    world.step()
+    stable = world.status["stableRevision"]
+    sd["spec"]["pair"]["draft"]["revision"] = "r2"
+    world.reconciler.reconcile("ns", "chat")
+    [new] = [r for r in world.replicas() if r != stable]
+    assert world.replicas() == {stable: 2, new: 2}
+    world.now += timedelta(seconds=61)
+    world.reconciler.reconcile("ns", "chat")
+    assert world.replicas() == {stable: 2, new: 0}
+    assert world.condition("Degraded")["reason"] == "ProgressDeadlineExceeded"
+    assert world.condition("Ready")["status"] == "True"
+    [record] = [r for r in world.status["revisions"] if r["revision"] == new]
+    assert record["phase"] == "Failed"
+    assert record["verdicts"][-1]["source"] == "Deadline"
+    world.now += timedelta(seconds=60)
+    world.reconciler.reconcile("ns", "chat")
+    assert world.replicas() == {stable: 2, new: 0}
+    assert world.condition("Degraded")["reason"] == "ProgressDeadlineExceeded"
+
+
+def test_the_acceptance_column_is_empty_while_the_target_serves_alone() -> None:
+    world = started()
+    stable = world.status["stableRevision"]
+    world.measured = {stable: GOOD}
+    world.step(60)
+    assert world.status["acceptanceRate"] == pytest.approx(0.8)
+    sd = world.kube.objects[("SpeculativeDeployment", "ns", "chat")]
+    sd["spec"]["placement"]["speculation"] = "Disabled"
+    sd["spec"].pop("rollout")
+    world.step()
+    world.step()
+    assert world.status["stableRevision"] != stable
+    assert "acceptanceRate" not in world.status
+    assert "meanAcceptanceLength" not in world.status

@@ -176,8 +176,11 @@ def test_refused_revision_stays_stopped_after_its_pods_are_gone_while_stable_ser
     assert conditions["PairCompatible"]["reason"] == "PairIncompatible"
     assert conditions["PairCompatible"]["message"] == LINE
     assert conditions["PairCompatible"]["observedGeneration"] == 2
-    assert conditions["Ready"]["reason"] == "PairIncompatible"
-    assert "revision a keeps serving" in conditions["Ready"]["message"]
+    # Ready means serving: the stable revision serves every replica; Degraded says why.
+    ready = conditions["Ready"]
+    assert (ready["status"], ready["reason"]) == ("True", "AllReplicasReady")
+    assert "revision b stopped (PairIncompatible: see Degraded)" in ready["message"]
+    assert "revision a keeps serving" in conditions["Degraded"]["message"]
     assert conditions["Progressing"]["status"] == "False"
     assert status["phase"] == "Degraded"
     phases = {r["revision"]: r["phase"] for r in status["revisions"]}
@@ -274,9 +277,10 @@ def test_a_revision_refused_for_its_arguments_stays_stopped_when_reapplied() -> 
     )
     assert replicas == {"a": 1, "b": 0}
     conditions = {c["type"]: c for c in status["conditions"]}
-    for type_ in ("PairCompatible", "Ready", "Progressing", "Degraded"):
+    for type_ in ("PairCompatible", "Progressing", "Degraded"):
         assert conditions[type_]["reason"] == "ArgumentsRefused", type_
-    assert USAGE_LINE in conditions["Ready"]["message"]
+    assert USAGE_LINE in conditions["PairCompatible"]["message"]
+    assert "revision b stopped (ArgumentsRefused" in conditions["Ready"]["message"]
     assert {r["revision"]: r["phase"] for r in status["revisions"]} == {
         "a": "Stable",
         "b": "Failed",

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from specdeploy.api.conditions import Reason
-from specdeploy.plan.placement.admission import describe_shortage, judge_admission
+from specdeploy.plan.placement.admission import (
+    QUOTA_GRACE_SECONDS,
+    describe_shortage,
+    judge_admission,
+)
+from specdeploy.plan.status.report import condition_events
 
 PENDING = (
     "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in "
@@ -108,3 +114,27 @@ def test_gated_pods_without_workloads_say_so() -> None:
     assert (update.status, update.reason) == ("False", Reason.WAITING_FOR_QUOTA)
     assert "has no Workload for them yet" in update.message
     assert "events" not in update.message
+
+
+def test_waiting_for_quota_is_news_only_after_a_grace() -> None:
+    # Every new pod (a canary's, each rollout) waits a moment for Kueue to make and admit its
+    # Workload: no Warning for that. After QUOTA_GRACE_SECONDS it is False (and a Warning).
+    young = pod("a", True)
+    young["metadata"]["creationTimestamp"] = "2026-11-26T08:00:00Z"
+    now = datetime(2026, 11, 26, 8, 0, 14, tzinfo=UTC)
+    update = judge_admission("interactive", [young], [], LOCAL_QUEUE, now=now)
+    assert (update.status, update.reason) == ("Unknown", Reason.WAITING_FOR_QUOTA)
+    later = now + timedelta(seconds=QUOTA_GRACE_SECONDS)
+    update = judge_admission(
+        "interactive", [young], [workload("a", PENDING)], LOCAL_QUEUE, now=later
+    )
+    assert (update.status, update.reason) == ("False", Reason.WAITING_FOR_QUOTA)
+    assert "4 nvidia.com/gpu (flavor h100)" in update.message
+    events = condition_events(
+        [{"type": "Admitted", "status": "Unknown", "reason": "WaitingForQuota"}],
+        [{"type": "Admitted", "status": "False", "reason": "WaitingForQuota", "message": "m"}],
+    )
+    assert [(e.reason, e.warning) for e in events] == [("WaitingForQuota", True)]
+    assert not condition_events(
+        [], [{"type": "Admitted", "status": "Unknown", "reason": "WaitingForQuota"}]
+    )

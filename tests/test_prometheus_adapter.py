@@ -16,14 +16,18 @@ from specdeploy.adapters.prometheus import (
     ACCEPTED_TOKENS,
     DRAFT_TOKENS,
     DRAFTS,
-    INTER_TOKEN_LATENCY,
+    ENGINE_STEPS,
+    GENERATION_TOKENS,
     INTER_TOKEN_LATENCY_COUNT,
     INTER_TOKEN_LATENCY_SUM,
-    TIME_TO_FIRST_TOKEN,
+    REQUEST_SUCCESS,
+    TIME_TO_FIRST_TOKEN_COUNT,
+    TIME_TO_FIRST_TOKEN_SUM,
     PrometheusReader,
     accepted_by_position,
     autotune_queries,
     measurement_queries,
+    probe_queries,
     revision_selector,
     window_increase,
 )
@@ -33,9 +37,14 @@ ANSWERS = {
     "acceptance_rate": "0.75",
     "mean_acceptance_length": "2.5",
     "draft_tokens": "4200",
-    "inter_token_latency_p50": "0.025",
-    "step_seconds": "0.031",
-    "time_to_first_token_p50": "NaN",
+    "step_seconds_sum": "12.4",
+    "steps": "400",
+    "output_tokens": "1040",
+    "first_token_seconds_sum": "NaN",
+    "first_tokens": "40",
+    "engine_steps": "440",
+    "finished": "40",
+    "failed": "2",
 }
 QUERIES = {query: name for name, query in measurement_queries("serving", "abc123", "5m").items()}
 
@@ -122,6 +131,7 @@ def test_every_counter_based_figure_counts_a_new_series_from_zero() -> None:
         **{f"measurement {name}": query for name, query in measured.items()},
         **{f"autotune {name}": query for name, query in tuned.items()},
     }
+    failed = SELECTOR[:-1] + ',finished_reason=~"error|abort"}'
     helpers = sorted(
         {
             counted(metric, by)
@@ -130,12 +140,16 @@ def test_every_counter_based_figure_counts_a_new_series_from_zero() -> None:
                 (DRAFT_TOKENS, ""),
                 (DRAFTS, ""),
                 (ACCEPTED_PER_POSITION, "position"),
-                (INTER_TOKEN_LATENCY, "le"),
                 (INTER_TOKEN_LATENCY_SUM, ""),
                 (INTER_TOKEN_LATENCY_COUNT, ""),
-                (TIME_TO_FIRST_TOKEN, "le"),
+                (TIME_TO_FIRST_TOKEN_SUM, ""),
+                (TIME_TO_FIRST_TOKEN_COUNT, ""),
+                (GENERATION_TOKENS, ""),
+                (ENGINE_STEPS, ""),
+                (REQUEST_SUCCESS, ""),
             )
-        },
+        }
+        | {window_increase(REQUEST_SUCCESS, failed, "5m")},
         key=len,
         reverse=True,
     )
@@ -145,17 +159,16 @@ def test_every_counter_based_figure_counts_a_new_series_from_zero() -> None:
             rest = rest.replace(helper, "<counted>")
         assert "increase(" not in rest, (name, rest)
         assert "rate(" not in rest, (name, rest)
+        # Sums and counts only: no quantile interpolated inside vLLM's buckets.
+        assert "histogram_quantile" not in query, name
     assert measured["acceptance_rate"] == f"{counted(ACCEPTED_TOKENS)} / {counted(DRAFT_TOKENS)}"
     assert measured["mean_acceptance_length"] == (
         f"1 + {counted(ACCEPTED_TOKENS)} / {counted(DRAFTS)}"
     )
     assert measured["draft_tokens"] == counted(DRAFT_TOKENS)
-    assert measured["inter_token_latency_p50"] == (
-        f"histogram_quantile(0.5, {counted(INTER_TOKEN_LATENCY, 'le')})"
-    )
-    assert measured["time_to_first_token_p50"] == (
-        f"histogram_quantile(0.5, {counted(TIME_TO_FIRST_TOKEN, 'le')})"
-    )
+    assert measured["steps"] == counted(INTER_TOKEN_LATENCY_COUNT)
+    assert measured["first_tokens"] == counted(TIME_TO_FIRST_TOKEN_COUNT)
+    assert measured["failed"] == window_increase(REQUEST_SUCCESS, failed, "5m")
     assert tuned["drafts"] == counted(DRAFTS)
     assert tuned["draft_tokens"] == counted(DRAFT_TOKENS)
     assert tuned["accepted_per_position"] == counted(ACCEPTED_PER_POSITION, "position")
@@ -165,13 +178,14 @@ def test_queries_select_the_revision_by_namespace_and_label() -> None:
     queries = measurement_queries("serving", "abc123", "5m")
     for query in queries.values():
         assert "vllm:" in query
-        assert query.count("vllm:") == query.count(f"{SELECTOR}[5m]")
-    # The mean step time, exact where the p50 is interpolated inside a bucket, and the very
-    # figure the autotuner records as a step cost.
-    assert queries["step_seconds"] == (
-        f"{counted(INTER_TOKEN_LATENCY_SUM)} / {counted(INTER_TOKEN_LATENCY_COUNT)}"
+        # Every series by the revision's namespace and label (the failed requests' also by
+        # their finish reason).
+        assert query.count("vllm:") == query.count(SELECTOR[:-1]) > 0
+    # The step time's sum and count, exact where a p50 is interpolated inside a bucket: the
+    # autotuner's step cost is their ratio.
+    assert autotune_queries("serving", "abc123", "5m")["step_seconds"] == (
+        f"{queries['step_seconds_sum']} / {queries['steps']}"
     )
-    assert queries["step_seconds"] == autotune_queries("serving", "abc123", "5m")["step_seconds"]
 
 
 def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:
@@ -180,9 +194,12 @@ def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:
     assert measured.acceptance_rate == pytest.approx(0.75)
     assert measured.mean_acceptance_length == pytest.approx(2.5)
     assert measured.draft_tokens == pytest.approx(4200)
-    assert measured.inter_token_latency_p50 == pytest.approx(0.025)
     assert measured.step_seconds == pytest.approx(0.031)
-    assert measured.time_to_first_token_p50 is None
+    assert measured.tokens_per_step == pytest.approx(2.5)  # (1040 - 40) / 400
+    assert measured.time_per_output_token == pytest.approx(0.0124)
+    assert measured.time_to_first_token is None
+    assert measured.batch_size == pytest.approx(1.0)  # (400 + 40) / 440
+    assert measured.error_rate == pytest.approx(0.05)
 
 
 def test_no_traffic_gives_no_rate(prometheus: str) -> None:
@@ -219,3 +236,61 @@ def test_per_position_answers_are_ordered_by_position_with_gaps_as_zero() -> Non
     ]
     assert accepted_by_position(result) == (80.0, 0.0, 30.0)
     assert accepted_by_position([]) == ()
+
+
+PROBE_ANSWERS = {
+    # Two pods ran prompt set "a1", one pod (started before the ConfigMap changed) set "b2".
+    "pods": [("a1", "2"), ("b2", "1")],
+    "complete": [("a1", "2"), ("b2", "1")],
+    "prompts": [("a1", "8"), ("b2", "6")],
+    "requests": [("a1", "16"), ("b2", "6")],
+    "errors": [("a1", "0")],
+    "output_tokens": [("a1", "1024"), ("b2", "384")],
+    "drafts": [("a1", "300")],
+    "draft_tokens": [("a1", "900")],
+    "accepted_tokens": [("a1", "720")],
+    "decode_seconds": [("a1", "3.0")],
+    "decode_steps": [("a1", "300")],
+    "first_token_seconds": [("a1", "0.32")],
+    "first_tokens": [("a1", "16")],
+}
+
+
+def test_the_probe_s_figures_are_summed_over_pods_by_prompt_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queries = probe_queries("serving", "abc123")
+    assert queries["draft_tokens"] == (
+        f"sum by (prompt_set) (max by (pod, prompt_set) (specdeploy_probe_draft_tokens{SELECTOR}))"
+    )
+    by_query = {query: name for name, query in queries.items()}
+    reader = PrometheusReader("http://127.0.0.1:9")
+
+    def vector(query: str) -> list[dict[str, Any]]:
+        name = by_query[query]
+        if name == "accepted_tokens_per_position":
+            return [
+                {"metric": {"prompt_set": "a1", "position": str(p)}, "value": [0, v]}
+                for p, v in ((0, "280"), (1, "240"), (2, "200"))
+            ]
+        return [
+            {"metric": {"prompt_set": key}, "value": [0, value]}
+            for key, value in PROBE_ANSWERS[name]
+        ]
+
+    monkeypatch.setattr(reader, "_vector", vector)
+    probe = reader.measure_probe("serving", "abc123")
+    assert probe is not None
+    assert (probe.prompt_set, probe.pods, probe.complete, probe.prompts) == ("a1", 2, True, 8)
+    assert probe.acceptance_rate == pytest.approx(0.8)
+    assert probe.tokens_per_step == pytest.approx(3.36)  # (1024 - 16) / 300
+    assert probe.accepted_per_position == (280.0, 240.0, 200.0)
+    assert probe.time_to_first_token == pytest.approx(0.02)
+
+
+def test_no_pod_reporting_a_probe_is_no_probe_and_a_failed_query_says_why() -> None:
+    assert PrometheusReader("http://127.0.0.1:9", timeout=1).measure_probe("ns", "r") is not None
+    failed = PrometheusReader("http://127.0.0.1:9", timeout=1).measure_probe("ns", "r")
+    assert failed is not None
+    assert failed.error is not None
+    assert "127.0.0.1:9" in failed.error

@@ -18,6 +18,7 @@ import copy
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -798,8 +799,16 @@ def _ensure_kueue_metrics_certs(pair: CertPair) -> None:
         ) from err
 
 
+# KWOK's pod-ready stage marks every readiness gate True with the containers; a kubelet never
+# does (a gate is a controller's to open), so the stage leaves them to their controller.
+_KWOK_OPENS_READINESS_GATES = re.compile(
+    r"\{\{ range \.spec\.readinessGates \}\}.*?\{\{ end \}\}\n?", re.DOTALL
+)
+
+
 def kwok_stages(stage_dir: Path) -> list[dict[str, Any]]:
-    """KWOK's upstream node and pod stages; pod stages skip pods the process kubelet runs."""
+    """KWOK's upstream node and pod stages; pod stages skip pods the process kubelet runs, and
+    leave a pod's readiness gates to the controller that owns them."""
     files = [
         stage_dir / "node" / "fast" / "node-initialize.yaml",
         stage_dir / "node" / "heartbeat-with-lease" / "node-heartbeat-with-lease.yaml",
@@ -821,6 +830,11 @@ def kwok_stages(stage_dir: Path) -> list[dict[str, Any]]:
                         "values": ["true"],
                     }
                 )
+                template = stage["spec"].get("next", {}).get("statusTemplate")
+                if template:
+                    template = _KWOK_OPENS_READINESS_GATES.sub("", template)
+                    assert "readinessGates" not in template, f"{path}: {template}"
+                    stage["spec"]["next"]["statusTemplate"] = template
             stages.append(stage)
     return stages
 

@@ -32,6 +32,11 @@ Roles instead). */}}
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
+# The probe's readiness gate (specdeploy.dev/probe-judged), set on a pod once its revision's
+# probe was judged (spec.rollout.analysis.probe).
+- apiGroups: [""]
+  resources: [pods/status]
+  verbs: [patch]
 {{- if .secrets }}
 {{ include "specdeploy.secretRules" . }}
 {{- end }}

@@ -13,6 +13,8 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
+from http import HTTPStatus
 from typing import Any
 
 from kubernetes import client, config
@@ -428,6 +430,37 @@ class KubeAdapter:
         store = self.cache.for_write(api_version, kind) if self.cache is not None else None
         if store is not None:
             store.forget(namespace, name)
+
+    def set_pod_condition(
+        self, namespace: str, name: str, condition_type: str, reason: str, message: str
+    ) -> None:
+        """Sets one condition True on a pod's status (a readiness gate), by strategic merge:
+        kubelet's own conditions are kept. A pod gone meanwhile is fine."""
+        condition = {
+            "type": condition_type,
+            "status": "True",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        try:
+            patched = client.CoreV1Api(self.api_client).patch_namespaced_pod_status(
+                name,
+                namespace,
+                {"status": {"conditions": [condition]}},
+                _content_type="application/strategic-merge-patch+json",
+            )
+        except ApiException as error:
+            if error.status == HTTPStatus.NOT_FOUND:
+                return
+            raise
+        if self.cache is not None:
+            store = self.cache.for_write("v1", "Pod")
+            if store is not None:
+                serialize: Callable[[Any], dict[str, Any]] = (
+                    self.api_client.sanitize_for_serialization
+                )
+                store.write_through(serialize(patched))
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patches (RFC 7386) the SpeculativeDeployment's status subresource: a None

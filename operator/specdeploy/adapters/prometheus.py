@@ -29,8 +29,10 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.exceptions import RequestException
 from urllib3.util.retry import Retry
 
+from specdeploy.api.contract import PROBE_GAUGES, PROBE_METRIC_PREFIX, PROBE_PER_POSITION_GAUGE
 from specdeploy.plan.rollout.analysis import Measurement
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement
+from specdeploy.plan.rollout.probe import ProbeResult
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -42,6 +44,13 @@ INTER_TOKEN_LATENCY_COUNT = "vllm:inter_token_latency_seconds_count"
 ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 RUNNING = "vllm:num_requests_running"
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds_bucket"
+TIME_TO_FIRST_TOKEN_SUM = "vllm:time_to_first_token_seconds_sum"
+TIME_TO_FIRST_TOKEN_COUNT = "vllm:time_to_first_token_seconds_count"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+# vLLM's engine steps: the count of its iteration_tokens_total histogram (one observation a step).
+ENGINE_STEPS = "vllm:iteration_tokens_total_count"
+# Finished requests, by label finished_reason (stop, length, abort, error, repetition).
+REQUEST_SUCCESS = "vllm:request_success_total"
 REVISION_LABEL = "specdeploy_dev_revision"
 DEFAULT_TIMEOUT_SECONDS = 5
 
@@ -106,23 +115,47 @@ def _mean_step_seconds(selector: str, window: str) -> str:
 
 
 def measurement_queries(namespace: str, revision: str, window: str) -> dict[str, str]:
-    """The PromQL of each figure, for one revision over `window` (e.g. "5m")."""
+    """The PromQL of each figure, for one revision over `window` (e.g. "5m"): counters and
+    histograms' sums and counts, never a quantile (plan.rollout.analysis says why)."""
     selector = revision_selector(namespace, revision)
+    failed = selector[:-1] + ',finished_reason=~"error|abort"}'
 
-    def counted(metric: str) -> str:
-        return window_increase(metric, selector, window)
-
-    def median(histogram: str) -> str:
-        return f"histogram_quantile(0.5, {window_increase(histogram, selector, window, ('le',))})"
+    def counted(metric: str, matchers: str = selector) -> str:
+        return window_increase(metric, matchers, window)
 
     return {
         "acceptance_rate": f"{counted(ACCEPTED_TOKENS)} / {counted(DRAFT_TOKENS)}",
         "mean_acceptance_length": f"1 + {counted(ACCEPTED_TOKENS)} / {counted(DRAFTS)}",
         "draft_tokens": counted(DRAFT_TOKENS),
-        "inter_token_latency_p50": median(INTER_TOKEN_LATENCY),
-        "step_seconds": _mean_step_seconds(selector, window),
-        "time_to_first_token_p50": median(TIME_TO_FIRST_TOKEN),
+        "step_seconds_sum": counted(INTER_TOKEN_LATENCY_SUM),
+        "steps": counted(INTER_TOKEN_LATENCY_COUNT),
+        "output_tokens": counted(GENERATION_TOKENS),
+        "first_token_seconds_sum": counted(TIME_TO_FIRST_TOKEN_SUM),
+        "first_tokens": counted(TIME_TO_FIRST_TOKEN_COUNT),
+        "engine_steps": counted(ENGINE_STEPS),
+        "finished": counted(REQUEST_SUCCESS),
+        "failed": counted(REQUEST_SUCCESS, failed),
     }
+
+
+def probe_queries(namespace: str, revision: str) -> dict[str, str]:
+    """The PromQL of a revision's probe figures (engine/probe.py exports them as gauges, constant
+    for a pod's life): each summed over the pods that report one, by prompt set. A pod scraped
+    twice (by a PodMonitor and by annotations) counts once."""
+    selector = revision_selector(namespace, revision)
+
+    def summed(suffix: str, by: tuple[str, ...] = ()) -> str:
+        name = PROBE_METRIC_PREFIX + suffix
+        keys = ", ".join(("prompt_set", *by))
+        return f"sum by ({keys}) (max by (pod, {keys}) ({name}{selector}))"
+
+    queries = {suffix: summed(suffix) for suffix in PROBE_GAUGES}
+    queries["pods"] = (
+        f"count by (prompt_set) (max by (pod, prompt_set) ({PROBE_METRIC_PREFIX}prompts{selector}))"
+    )
+    queries["prompts"] = f"max by (prompt_set) ({PROBE_METRIC_PREFIX}prompts{selector})"
+    queries[PROBE_PER_POSITION_GAUGE] = summed(PROBE_PER_POSITION_GAUGE, ("position",))
+    return queries
 
 
 def autotune_queries(namespace: str, revision: str, window: str) -> dict[str, str]:
@@ -143,6 +176,10 @@ def autotune_queries(namespace: str, revision: str, window: str) -> dict[str, st
         "mean_batch_size": f"avg(avg_over_time({RUNNING}{selector}[{window}]))",
         "max_batch_size": f"max(max_over_time({RUNNING}{selector}[{window}]))",
     }
+
+
+def _label(series: dict[str, Any], name: str) -> str:
+    return str(series.get("metric", {}).get(name, ""))
 
 
 def accepted_by_position(result: list[dict[str, Any]]) -> tuple[float, ...]:
@@ -204,9 +241,58 @@ class PrometheusReader:
             acceptance_rate=found["acceptance_rate"],
             mean_acceptance_length=found["mean_acceptance_length"],
             draft_tokens=found["draft_tokens"] or 0.0,
-            inter_token_latency_p50=found["inter_token_latency_p50"],
-            step_seconds=found["step_seconds"],
-            time_to_first_token_p50=found["time_to_first_token_p50"],
+            step_seconds_sum=found["step_seconds_sum"],
+            steps=found["steps"],
+            output_tokens=found["output_tokens"],
+            first_token_seconds_sum=found["first_token_seconds_sum"],
+            first_tokens=found["first_tokens"],
+            engine_steps=found["engine_steps"],
+            finished=found["finished"],
+            # No error or abort series in the window: none failed.
+            failed=found["failed"] or (0.0 if found["finished"] is not None else None),
+        )
+
+    def measure_probe(self, namespace: str, revision: str) -> ProbeResult | None:
+        """What the revision's pods measured on the probe (None: no pod reports one yet); a
+        failed query is a ProbeResult with `error`. When its pods ran different prompt sets
+        (the ConfigMap changed between their starts), the set most pods ran."""
+        queries = probe_queries(namespace, revision)
+        try:
+            per_position = self._vector(queries.pop(PROBE_PER_POSITION_GAUGE))
+            found = {name: self._vector(query) for name, query in queries.items()}
+        except PrometheusUnavailableError as error:
+            return ProbeResult(prompt_set="", error=str(error))
+        pods = {_label(s, "prompt_set"): float(s["value"][1]) for s in found["pods"]}
+        if not pods:
+            return None
+        chosen = max(pods, key=lambda key: (pods[key], key))
+
+        def value(name: str) -> float:
+            for series in found[name]:
+                if _label(series, "prompt_set") == chosen:
+                    number = float(series["value"][1])
+                    return 0.0 if math.isnan(number) else number
+            return 0.0
+
+        positions = accepted_by_position(
+            [s for s in per_position if _label(s, "prompt_set") == chosen]
+        )
+        return ProbeResult(
+            prompt_set=chosen,
+            pods=int(pods[chosen]),
+            complete_pods=int(value("complete")),
+            prompts=int(value("prompts")),
+            requests=value("requests"),
+            errors=value("errors"),
+            output_tokens=value("output_tokens"),
+            drafts=value("drafts"),
+            draft_tokens=value("draft_tokens"),
+            accepted_tokens=value("accepted_tokens"),
+            accepted_per_position=positions,
+            decode_seconds=value("decode_seconds"),
+            decode_steps=value("decode_steps"),
+            first_token_seconds=value("first_token_seconds"),
+            first_tokens=value("first_tokens"),
         )
 
     def measure_autotune(self, namespace: str, revision: str, window: str) -> AutotuneMeasurement:

@@ -33,6 +33,17 @@ class Reason:
     CANARY_PROMOTED: Final = "CanaryPromoted"
     ROLLED_BACK: Final = "RolledBack"
     ROLLOUT_COMPLETE: Final = "RolloutComplete"
+    # A new revision not ready (or, as a canary, not judged) in time: rolled back.
+    PROGRESS_DEADLINE_EXCEEDED: Final = "ProgressDeadlineExceeded"
+    # A canary held on inconclusive verdicts for analysis.inconclusiveLimit in a row.
+    INCONCLUSIVE_LIMIT_REACHED: Final = "InconclusiveLimitReached"
+    # A person's kubectl specdeploy request.
+    ABORTED: Final = "Aborted"
+    PAUSED: Final = "Paused"
+    UNDONE: Final = "Undone"
+    # The canary's stages before its live analysis.
+    CANARY_STARTING: Final = "CanaryStarting"
+    CANARY_PROBING: Final = "CanaryProbing"
     SCALED_TO_ZERO: Final = "ScaledToZero"
     REVISION_PRUNED: Final = "RevisionPruned"
     # Analysis

@@ -18,6 +18,7 @@ from specdeploy.api.models import (
     ApiModel,
     Duration,
     InconclusivePolicy,
+    RolloutSpec,
 )
 
 DEFAULT_ENGINE_IMAGE = "specdeploy/engine:0.1.0"
@@ -33,8 +34,22 @@ class AnalysisSettings(ApiModel):
     min_draft_tokens: int = Field(default=2000, ge=0, description="Draft tokens for a verdict.")
     min_acceptance_rate: float = Field(default=0.6, ge=0, le=1, description="Absolute floor.")
     max_drop_vs_stable: float = Field(default=0.1, ge=0, le=1, description="Drop vs stable.")
-    max_latency_increase: float = Field(
-        default=1.10, ge=1, description="Inter-token latency ratio to the stable that fails."
+    max_time_per_output_token_increase: float = Field(
+        default=1.10, ge=1, description="Time per output token, ratio to the stable's, that fails."
+    )
+    max_time_to_first_token_increase: float = Field(
+        default=1.5,
+        ge=1,
+        description="Mean time to first token, ratio to the stable's, that fails.",
+    )
+    time_to_first_token_tolerance: Duration = Field(
+        default="50ms", description="Differences of time to first token that never fail."
+    )
+    max_error_rate_increase: float = Field(
+        default=0.05, ge=0, le=1, description="Error share above the stable's that fails."
+    )
+    max_batch_size_ratio: float = Field(
+        default=1.5, ge=1, description="Running batch sizes further apart: latency Inconclusive."
     )
     max_throughput_drop: float = Field(
         default=0.02, ge=0, le=1, description="Tuned revision: tokens/s share below the stable's."
@@ -42,6 +57,9 @@ class AnalysisSettings(ApiModel):
     failure_limit: int = Field(default=2, ge=1, description="Failures that roll back.")
     promote_after: int = Field(default=3, ge=1, description="Passes that promote.")
     on_inconclusive: InconclusivePolicy = Field(default="Hold", description="Inconclusive.")
+    inconclusive_limit: int = Field(
+        default=20, ge=1, description="Inconclusive verdicts in a row that end a Hold."
+    )
 
 
 class GpuProductOverride(ApiModel):
@@ -147,6 +165,14 @@ class OperatorConfig(ApiModel):
     analysis_defaults: AnalysisSettings = Field(
         default_factory=AnalysisSettings, description="Used where spec.rollout.analysis is unset."
     )
+    progress_deadline_seconds: int = Field(
+        default=1800,
+        ge=1,
+        description=(
+            "Used where spec.rollout.progressDeadlineSeconds is unset: how long a new revision "
+            "beside a stable one may take to get ready and judged before it is rolled back."
+        ),
+    )
     gpu_catalog: list[GpuProductOverride] = Field(
         default_factory=list, description="Additions and corrections to the GPU catalog."
     )
@@ -203,5 +229,12 @@ class OperatorConfig(ApiModel):
         """The analysis a canary gets: each field set in the spec wins over the default."""
         if spec is None:
             return self.analysis_defaults
-        overrides = spec.model_dump(exclude_none=True)
+        overrides = spec.model_dump(exclude_none=True, exclude={"probe", "max_latency_increase"})
+        if spec.max_time_per_output_token_increase is None and spec.max_latency_increase:
+            # The field's former name: it is judged per output token now.
+            overrides["max_time_per_output_token_increase"] = spec.max_latency_increase
         return self.analysis_defaults.model_copy(update=overrides)
+
+    def progress_deadline_for(self, spec: RolloutSpec) -> int:
+        """Seconds a new revision may take to be ready and judged: the spec's, else the config's."""
+        return spec.progress_deadline_seconds or self.progress_deadline_seconds

@@ -15,6 +15,39 @@ PAIR_ENV: Final = "SPECDEPLOY_PAIR"
 HOST_ENV: Final = "SPECDEPLOY_HOST"
 PORT_ENV: Final = "SPECDEPLOY_PORT"
 
+# --- the probe (spec.rollout.analysis.probe; docs/operator.md, "The probe") -------------------
+#: The probe's settings (compact JSON: maxTokens, temperature, timeoutSeconds).
+PROBE_ENV: Final = "SPECDEPLOY_PROBE"
+#: The probe's prompts, from the ConfigMap key the spec names (valueFrom.configMapKeyRef).
+PROBE_PROMPTS_ENV: Final = "SPECDEPLOY_PROBE_PROMPTS"
+#: Set by the launcher before it execs vLLM: names this run's probe results file.
+PROBE_RUN_ENV: Final = "SPECDEPLOY_PROBE_RUN"
+#: The ASGI middleware vLLM loads (`--middleware`) to run the probe and gate readiness on it.
+PROBE_MIDDLEWARE: Final = "specdeploy.engine.probe.ProbeGate"
+#: The readiness path of a pod with a probe: 200 once its probe finished and vLLM is healthy.
+PROBE_READY_PATH: Final = "/specdeploy/ready"
+#: The prefix of the probe's figures, appended to vLLM's /metrics.
+PROBE_METRIC_PREFIX: Final = "specdeploy_probe_"
+#: The probe's gauges (after the prefix), each labelled `prompt_set`: deltas of vLLM's own
+#: counters over the probe, and what the probe itself counted (prompts, requests, errors,
+#: complete = 1 when every prompt was sent before the timeout).
+PROBE_GAUGES: Final = (
+    "prompts",
+    "complete",
+    "requests",
+    "errors",
+    "output_tokens",
+    "drafts",
+    "draft_tokens",
+    "accepted_tokens",
+    "decode_seconds",
+    "decode_steps",
+    "first_token_seconds",
+    "first_tokens",
+)
+#: Accepted tokens by draft position (label `position`), the probe's share of vLLM's counter.
+PROBE_PER_POSITION_GAUGE: Final = "accepted_tokens_per_position"
+
 # --- the launcher's exit codes -----------------------------------------------------------------
 EXIT_OK: Final = 0
 #: Unusable arguments (no model, --speculative-config not JSON or without a method).

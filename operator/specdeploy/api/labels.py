@@ -19,3 +19,17 @@ KUEUE_QUEUE_NAME: Final = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_CLASS: Final = "kueue.x-k8s.io/priority-class"
 # Kueue gates each pod with this scheduling gate until its workload is admitted.
 KUEUE_ADMISSION_GATE: Final = "kueue.x-k8s.io/admission"
+# The pod readiness gate of a revision with a probe (spec.rollout.analysis.probe): the operator
+# sets this pod condition True once the revision's probe was judged, so a canary gets no user
+# request before its probe is compared with the stable's.
+PROBE_GATE: Final = "specdeploy.dev/probe-judged"
+
+# Requests of `kubectl specdeploy` (annotations on the SD; the pure decide honours them).
+#: Promote the canary: `<revision>` now, `<revision>/probe` only past its probe.
+PROMOTE: Final = "specdeploy.dev/promote"
+#: Roll the canary `<revision>` back now.
+ABORT: Final = "specdeploy.dev/abort"
+#: Hold the canary `<revision>`: no verdict is taken, nothing promoted or rolled back.
+PAUSE: Final = "specdeploy.dev/pause"
+#: Serve the revision `<revision>@<generation>` until the spec changes (metadata.generation).
+UNDO: Final = "specdeploy.dev/undo"

@@ -661,6 +661,58 @@ class CanarySpec(ApiModel):
     replicas: int = Field(default=1, ge=1, description="Canary pods during analysis.")
 
 
+class ConfigMapKeyRef(ApiModel):
+    """A key of a ConfigMap in the SpeculativeDeployment's namespace."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=SUBDOMAIN_PATTERN, description="ConfigMap name."
+    )
+    key: str = Field(
+        default="prompts",
+        min_length=1,
+        max_length=253,
+        pattern=SECRET_KEY_PATTERN,
+        description="Key within the ConfigMap.",
+    )
+
+
+class ProbeSpec(ApiModel):
+    """The same prompts sent by every pod of every revision to its own vLLM before it serves.
+
+    Each pod runs the probe once its model is loaded and reports Ready only after it; with a
+    stable revision beside, the canary's pods get no user request until the judge compared
+    the two revisions' probe figures (docs/operator.md, "The probe").
+    """
+
+    config_map_key_ref: ConfigMapKeyRef = Field(
+        description=(
+            "The prompts: a JSON list of strings, or one prompt per non-empty line (at most "
+            "128 KiB: it reaches the engine as an environment variable)."
+        )
+    )
+    max_tokens: int = Field(
+        default=64, ge=1, le=4096, description="Tokens generated per prompt (end of text ignored)."
+    )
+    temperature: float = Field(
+        default=0.0,
+        ge=0,
+        le=2,
+        description=(
+            "Sampling temperature. 0 (greedy) makes each revision's answer to a prompt "
+            "deterministic, so acceptance compares exactly; a draft never changes a greedy answer."
+        ),
+    )
+    timeout_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=86400,
+        description=(
+            "Longest the probe may run on a pod; a pod whose probe ran out reports Ready with "
+            "what it measured, marked incomplete, and the judge does not compare it."
+        ),
+    )
+
+
 class AnalysisSpec(ApiModel):
     """How a canary is judged. Unset fields take the operator's configured defaults."""
 
@@ -680,14 +732,62 @@ class AnalysisSpec(ApiModel):
         default=None,
         ge=0,
         le=1,
-        description="A canary whose acceptance rate is this much below the stable's fails.",
+        description=(
+            "A canary whose acceptance rate is more than this below the stable's fails; on the "
+            "probe's prompts when both revisions ran the same probe, else on live traffic."
+        ),
+    )
+    max_time_per_output_token_increase: float | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "A canary whose time per output token (its mean decode step time over the tokens "
+            "a step emits) is more than this many times the stable's over the same window "
+            "fails: a draft that is accepted but slow to run loses. Compared per token, never "
+            "per step: a speculative step is longer than a target-only one and emits more."
+        ),
     )
     max_latency_increase: float | None = Field(
         default=None,
         ge=1,
         description=(
-            "A canary whose median inter-token latency is more than this many times the "
-            "stable's fails (a draft that is accepted but slow to run loses)."
+            "Deprecated name of maxTimePerOutputTokenIncrease (it is judged per output token); "
+            "used when that is unset."
+        ),
+    )
+    max_time_to_first_token_increase: float | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "A canary whose mean time to first token is more than this many times the "
+            "stable's over the same window fails (a draft adds prefill work)."
+        ),
+    )
+    time_to_first_token_tolerance: Duration | None = Field(
+        default=None,
+        description=(
+            "A longer time to first token fails only when it is also more than this much "
+            "longer than the stable's (e.g. 50ms): a draft's own first step adds milliseconds "
+            "nobody notices, however large their ratio on a fast engine."
+        ),
+    )
+    max_error_rate_increase: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description=(
+            "A canary fails when the share of its finished requests that ended with an error "
+            "or were aborted (vLLM's request_success_total by finished_reason) is more than "
+            "this above the stable's share over the same window."
+        ),
+    )
+    max_batch_size_ratio: float | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Latency figures of the two revisions compare only when their running batch sizes "
+            "(sequences per engine step over the window) are within this ratio of each other; "
+            "beyond it the verdict is Inconclusive, since a busier engine steps slower."
         ),
     )
     max_throughput_drop: float | None = Field(
@@ -697,7 +797,7 @@ class AnalysisSpec(ApiModel):
         description=(
             "An autotuned canary (it differs from the stable only by its speculation length) "
             "fails when its tokens per second are more than this share below the stable's; "
-            "maxDropVsStable and maxLatencyIncrease do not apply to it."
+            "maxDropVsStable and maxTimePerOutputTokenIncrease do not apply to it."
         ),
     )
     failure_limit: int | None = Field(
@@ -710,7 +810,26 @@ class AnalysisSpec(ApiModel):
     )
     on_inconclusive: InconclusivePolicy | None = Field(
         default=None,
-        description="What an inconclusive verdict does: Hold (wait), Promote or Rollback.",
+        description=(
+            "What an inconclusive verdict does: Hold (wait, at most inconclusiveLimit verdicts "
+            "in a row, then roll back), Promote or Rollback (at once)."
+        ),
+    )
+    inconclusive_limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=10000,
+        description=(
+            "Inconclusive verdicts in a row after which a held canary is rolled back, so a "
+            "canary nobody can judge (no traffic, no metrics) does not keep its GPUs."
+        ),
+    )
+    probe: ProbeSpec | None = Field(
+        default=None,
+        description=(
+            "Judge on identical prompts: every pod runs these prompts against its own vLLM "
+            "before it serves, and the canary is compared with the stable on them first."
+        ),
     )
 
 
@@ -739,6 +858,16 @@ class RolloutSpec(ApiModel):
 
     canary: CanarySpec | None = Field(default=None, description="Canary size.")
     analysis: AnalysisSpec | None = Field(default=None, description="Canary verdicts.")
+    progress_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Longest a new revision beside a stable one may take to get all its pods ready "
+            "and, as a canary, its first conclusive verdict; past it the revision is rolled "
+            "back (reason ProgressDeadlineExceeded) and its pods freed. Default: the "
+            "operator's (1800)."
+        ),
+    )
     collapse_guard: CollapseGuardSpec | None = Field(
         default=None, description="Acceptance collapse guard on the stable pair."
     )
@@ -878,29 +1007,106 @@ class RevisionDraft(ApiModel):
 
 
 class Verdict(ApiModel):
-    """One analysis verdict on a revision."""
+    """One analysis verdict on a revision, with the figures it was taken on (the stable's beside
+    the canary's, over the same window)."""
 
     time: str = Field(json_schema_extra={"format": "date-time"}, description="When (RFC 3339).")
     interval: int | None = Field(
-        default=None, description="The analysis interval it closed, counted from startedAt."
+        default=None,
+        description="The analysis interval it closed, counted from startedAt (-1: the probe).",
+    )
+    source: str = Field(
+        default="Live",
+        description=(
+            "What was judged: Probe (the probe's identical prompts), Live (the window's "
+            "traffic), Person (a kubectl specdeploy verb) or Deadline."
+        ),
     )
     acceptance_rate: float | None = Field(default=None, description="Accepted/draft tokens.")
+    stable_acceptance_rate: float | None = Field(
+        default=None, description="The stable's, on the same prompts or over the same window."
+    )
     mean_acceptance_length: float | None = Field(
         default=None, description="1 + accepted tokens per draft."
     )
     draft_tokens: int | None = Field(default=None, description="Draft tokens in the window.")
-    inter_token_latency_seconds: float | None = Field(
-        default=None, description="Median inter-token latency in the window."
-    )
     step_seconds: float | None = Field(
         default=None,
         description=(
-            "Mean inter-token latency in the window: the decode step time, by which a tuned "
-            "canary's tokens per second are judged."
+            "Mean decode step time (vLLM's inter-token latency sum over its count: one "
+            "observation per step of each running sequence)."
         ),
+    )
+    time_per_output_token_seconds: float | None = Field(
+        default=None,
+        description="Mean step time over the tokens a step emits: the latency a user feels.",
+    )
+    stable_time_per_output_token_seconds: float | None = Field(
+        default=None, description="The stable's, over the same window."
+    )
+    time_to_first_token_seconds: float | None = Field(
+        default=None, description="Mean time to first token (histogram sum over count)."
+    )
+    stable_time_to_first_token_seconds: float | None = Field(
+        default=None, description="The stable's, over the same window."
+    )
+    error_rate: float | None = Field(
+        default=None, description="Share of finished requests that ended in error or abort."
+    )
+    stable_error_rate: float | None = Field(
+        default=None, description="The stable's, over the same window."
+    )
+    batch_size: float | None = Field(
+        default=None, description="Running sequences per engine step over the window."
+    )
+    stable_batch_size: float | None = Field(
+        default=None, description="The stable's, over the same window."
     )
     result: VerdictResult = Field(description="Pass, Fail or Inconclusive.")
     message: str = Field(default="", description="Why.")
+
+
+class ProbeFigures(ApiModel):
+    """What one revision's pods measured on the probe's prompts (spec.rollout.analysis.probe),
+    from vLLM's own counters over the probe alone, summed over the pods that reported."""
+
+    prompt_set: str = Field(
+        description="Fingerprint of the prompts and sampling settings: equal sets compare."
+    )
+    prompts: int = Field(default=0, description="Prompts in the set.")
+    pods: int = Field(default=0, description="Pods whose probe figures are summed here.")
+    complete: bool = Field(
+        default=True, description="Every pod sent every prompt before its probe timed out."
+    )
+    requests: int = Field(default=0, description="Probe requests that finished.")
+    errors: int = Field(default=0, description="Of those, ended in error or abort.")
+    output_tokens: int = Field(default=0, description="Tokens generated.")
+    draft_tokens: int = Field(default=0, description="Draft tokens proposed.")
+    acceptance_rate: float | None = Field(default=None, description="Accepted/draft tokens.")
+    mean_acceptance_length: float | None = Field(
+        default=None, description="1 + accepted tokens per draft."
+    )
+    acceptance_per_position: list[float] = Field(
+        default_factory=list, max_length=32, description="Accepted per draft, by position."
+    )
+    tokens_per_step: float | None = Field(
+        default=None,
+        description="Tokens a decode step emitted per sequence (1 without speculation).",
+    )
+    time_per_output_token_seconds: float | None = Field(
+        default=None, description="Decode time per generated token (after the first)."
+    )
+    time_to_first_token_seconds: float | None = Field(
+        default=None, description="Mean time to first token."
+    )
+    tokens_per_second: float | None = Field(
+        default=None, description="Tokens one sequence got per second while decoding."
+    )
+    measured_at: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the operator first read these figures.",
+    )
 
 
 class RevisionStatus(ApiModel):
@@ -916,6 +1122,13 @@ class RevisionStatus(ApiModel):
     )
     verdicts: list[Verdict] = Field(
         default_factory=list, max_length=64, description="Latest verdicts, newest last."
+    )
+    probe: ProbeFigures | None = Field(
+        default=None, description="What its pods measured on the probe's prompts, if any."
+    )
+    record: int | None = Field(
+        default=None,
+        description="Its revision record's number (kubectl specdeploy undo --to-revision N).",
     )
 
 
@@ -941,6 +1154,28 @@ class AnalysisStatus(ApiModel):
     inconclusive_in_a_row: int = Field(default=0, description="Inconclusive verdicts in a row.")
     outcome: str = Field(default="Continue", description="Continue, Hold, Promote or Rollback.")
     message: str = Field(default="", description="The latest verdict's reason.")
+    stage: str = Field(
+        default="Live",
+        description=(
+            "Starting: its pods are not all ready yet; Probe: they ran the probe and get no "
+            "user request until it is judged; Live: judged on live traffic every interval."
+        ),
+    )
+    reason: str | None = Field(
+        default=None,
+        description=(
+            "Why the analysis ended: Analysis, ProgressDeadlineExceeded, "
+            "InconclusiveLimitReached, Aborted or Promoted (by a person)."
+        ),
+    )
+    paused: bool = Field(
+        default=False, description="A person paused it (kubectl specdeploy pause)."
+    )
+    judged_at: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When its first conclusive verdict (Pass or Fail) came.",
+    )
 
 
 class CollapseStatus(ApiModel):
@@ -1118,6 +1353,16 @@ class AutotuneStatus(ApiModel):
     )
 
 
+class RolloutProgress(ApiModel):
+    """The revision the spec asks for, and since when: the progress deadline counts from here."""
+
+    revision: str = Field(description="The desired revision.")
+    since: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When it became the desired revision (again).",
+    )
+
+
 class SpeculativeDeploymentStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -1134,6 +1379,9 @@ class SpeculativeDeploymentStatus(ApiModel):
     canary_revision: str | None = Field(default=None, description="Revision being judged.")
     analysis: AnalysisStatus | None = Field(
         default=None, description="The canary analysis under way or last finished."
+    )
+    progress: RolloutProgress | None = Field(
+        default=None, description="The desired revision and since when (progress deadline)."
     )
     collapse: CollapseStatus | None = Field(
         default=None, description="The collapse guard's watch over the serving pair."

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import sys
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from specdeploy.api.contract import (
     EXIT_PAIR_INCOMPATIBLE,
     EXIT_USAGE,
     MODEL_FREE_METHODS,
+    PROBE_RUN_ENV,
 )
 from specdeploy.engine.checks import (
     CheckResult,
@@ -34,6 +36,7 @@ from specdeploy.engine.checks import (
     failures,
     summarize_failures,
 )
+from specdeploy.engine.probe import settings_from_env as probe_settings_from_env
 
 TERMINATION_LOG_ENV = "SPECDEPLOY_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -332,12 +335,24 @@ def refuse(code: int, message: str, env: Mapping[str, str]) -> NoReturn:
     raise SystemExit(code)
 
 
+def check_probe(env: dict[str, str]) -> None:
+    """With a probe configured, its prompts must parse (else exit 2, as unusable arguments),
+    and this run gets its own results file name (engine/probe.py)."""
+    try:
+        settings = probe_settings_from_env(env)
+    except ValueError as err:
+        raise LaunchError(EXIT_USAGE, f"the probe cannot run: {err}") from err
+    if settings is not None:
+        env.setdefault(PROBE_RUN_ENV, uuid.uuid4().hex)
+
+
 def serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NoReturn:
     """Check the pair named by the vLLM arguments, then exec vLLM (never returns)."""
     env = dict(os.environ if env is None else env)
     try:
         results = check_serve_args(argv, env)
         args = parse_serve_args(argv)
+        check_probe(env)
     except LaunchError as err:
         refuse(err.code, err.message, env)
     for r in results:

@@ -9,6 +9,9 @@
   and head; the target's later layers are damped so that it mostly agrees): a quarter of the
   target's layers, accepted most of the time.
 - `draft-bad`: a random small Llama with the same tokenizer: accepted ~0 %.
+- `draft-slow`: the target's own layers followed by eight more whose outputs are zeroed, so it
+  predicts exactly what the target does (accepted 100 % under greedy decoding) at three times
+  the target's cost a forward pass: a draft that is accepted but slow to run.
 - `eagle3`: an EAGLE-3 head in the speculators format naming the target as its verifier
   (random weights, so its acceptance is ~0 %; it proves the wiring, not the speed-up).
 - mismatched drafts for the pair checks: `eagle3-wrong-hidden` (target_hidden_size 512),
@@ -239,6 +242,31 @@ def _write_first_layer_draft(out: Path, target: Any, tokenizer_dir: Path, name: 
     _save_llama(draft, out, tokenizer_dir)
 
 
+def _write_padded_draft(
+    out: Path, target: Any, tokenizer_dir: Path, name: str, extra_layers: int
+) -> None:
+    """The target followed by `extra_layers` layers that add nothing to the residual stream
+    (their attention output and MLP down projections are zero): the target's predictions, at
+    the cost of every layer."""
+    import copy
+
+    import torch
+
+    draft = copy.deepcopy(target)
+    layers = list(draft.model.layers)
+    for _ in range(extra_layers):
+        layer = copy.deepcopy(target.model.layers[-1])
+        with torch.no_grad():
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        layer.self_attn.layer_idx = len(layers)
+        layers.append(layer)
+    draft.model.layers = torch.nn.ModuleList(layers)
+    draft.config.num_hidden_layers = len(layers)
+    draft.config._name_or_path = name
+    _save_llama(draft, out, tokenizer_dir)
+
+
 def _write_eagle3(out: Path, target: Any, seed: int, verifier: str) -> None:
     import torch
     from speculators.config import SpeculatorsConfig, VerifierConfig
@@ -310,6 +338,11 @@ def write_tiny_models(out_dir: str | Path) -> dict[str, str]:
     # A cheaper draft that still agrees with the target most of the time.
     _write_first_layer_draft(
         folder("draft-small"), target, paths["tokenizer"], "specdeploy-tiny/draft-small"
+    )
+
+    # Accepted but slow: the target and eight layers that change nothing.
+    _write_padded_draft(
+        folder("draft-slow"), target, paths["tokenizer"], "specdeploy-tiny/draft-slow", 8
     )
 
     bad_config = _llama_config(VOCAB_SIZE, 128, 2, "specdeploy-tiny/draft-bad")

@@ -35,8 +35,14 @@ from specdeploy.plan.children.manifests import (
 from specdeploy.plan.decide import Decision, Snapshot, decide, watches_acceptance
 from specdeploy.plan.placement.gpu_catalog import catalog_for_config
 from specdeploy.plan.placement.sizing import models_needing_shapes
-from specdeploy.plan.rollout.analysis import RFC3339, Measurement, describe_measurement
+from specdeploy.plan.rollout.analysis import (
+    RFC3339,
+    Measurement,
+    describe_measurement,
+    live_window,
+)
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement, measurement_due
+from specdeploy.plan.rollout.probe import ProbeResult
 from specdeploy.plan.rollout.revisions import read_revision_deployment
 from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 from specdeploy.plan.status.refusal import RefusedWrite, refusal_status, refused_generation
@@ -53,6 +59,8 @@ EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 Measure = Callable[[str, str, str], Measurement]
 # (namespace, revision, window) -> the autotuner's inputs for the revision's pods.
 MeasureAutotune = Callable[[str, str, str], AutotuneMeasurement]
+# (namespace, revision) -> what the revision's pods measured on the probe (None: nothing yet).
+MeasureProbe = Callable[[str, str], ProbeResult | None]
 
 
 class Reconciler:
@@ -66,6 +74,7 @@ class Reconciler:
         *,
         measure: Measure | None = None,
         measure_autotune: MeasureAutotune | None = None,
+        measure_probe: MeasureProbe | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: OperatorMetrics | None = None,
     ) -> None:
@@ -75,6 +84,7 @@ class Reconciler:
         reader = PrometheusReader(config.prometheus_url)
         self.measure = measure or reader.measure
         self.measure_autotune = measure_autotune or reader.measure_autotune
+        self.measure_probe = measure_probe or reader.measure_probe
         self.clock = clock
         self.metrics = metrics or OperatorMetrics()
         self.catalog = catalog_for_config(config)
@@ -186,6 +196,7 @@ class Reconciler:
             ),
             fetched_shapes=self._fetched_shapes(sd),
             measurements=self._measurements(sd, [*deployments, *sets]),
+            probes=self._probes(sd, [*deployments, *sets]),
             autotune=self._autotune_measurement(sd),
             autotune_trial=self._autotune_measurement(sd, trial=True),
         )
@@ -213,10 +224,23 @@ class Reconciler:
         self, sd: SpeculativeDeployment, deployments: list[dict[str, Any]]
     ) -> dict[str, Measurement]:
         """What Prometheus measured of each revision with ready pods, when spec.rollout asks
-        for analysis (the canary's and the stable's figures)."""
+        for analysis (the canary's and the stable's figures), all over the same range: the
+        analysis window, cut at a live canary's start (plan.rollout.analysis.live_window)."""
         if not watches_acceptance(sd.spec):
             return {}
         window = self.config.analysis_for(sd.spec.rollout.analysis).window
+        analysis = sd.status.analysis if sd.status else None
+        if (
+            analysis is not None
+            and analysis.stage == "Live"
+            and analysis.outcome
+            not in (
+                "Promote",
+                "Rollback",
+            )
+        ):
+            started = datetime.strptime(analysis.started_at, RFC3339).replace(tzinfo=UTC)
+            window = live_window(window, started.timestamp(), self.clock().timestamp())
         serving = (r for r in map(read_revision_deployment, deployments) if r is not None)
         namespace, name = sd.metadata.namespace or "", sd.metadata.name or ""
         measured = {
@@ -246,6 +270,23 @@ class Reconciler:
             window,
             describe_measurement(measured),
         )
+
+    def _probes(
+        self, sd: SpeculativeDeployment, deployments: list[dict[str, Any]]
+    ) -> dict[str, ProbeResult]:
+        """What each revision's pods measured on the probe, for revisions whose pods carry it
+        and whose figures status does not keep yet (spec.rollout.analysis.probe)."""
+        kept = {r.revision for r in (sd.status.revisions if sd.status else []) if r.probe}
+        found: dict[str, ProbeResult] = {}
+        for revision in map(read_revision_deployment, deployments):
+            if revision is None or not revision.probe_gate or revision.revision in kept:
+                continue
+            if revision.pods == 0:
+                continue
+            measured = self.measure_probe(sd.metadata.namespace or "", revision.revision)
+            if measured is not None:
+                found[revision.revision] = measured
+        return found
 
     def _fetched_shapes(self, sd: SpeculativeDeployment) -> dict[str, Any]:
         """Shapes of the served pair's models outside the spec and catalog (config.json)."""
@@ -303,6 +344,14 @@ class Reconciler:
         for set_name in decision.delete_sets:
             self.kube.delete(LWS_API_VERSION, LWS_KIND, namespace, set_name)
             self.kube.delete(RECORD_API_VERSION, RECORD_KIND, namespace, set_name)
+        for pod in decision.open_gates:
+            self.kube.set_pod_condition(
+                namespace,
+                pod,
+                labels.PROBE_GATE,
+                "ProbeJudged",
+                "the operator judged this revision's probe; the pod may take requests",
+            )
         if decision.status_patch:
             self.kube.patch_status(namespace, name, decision.status_patch)
         for event in decision.events:

@@ -14,6 +14,8 @@ from typing import Any
 
 from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
+from specdeploy.api.contract import PROBE_ENV, PROBE_PROMPTS_ENV, PROBE_READY_PATH
+from specdeploy.api.labels import PROBE_GATE
 from specdeploy.api.models import API_VERSION, KIND, SizingDecision, SpeculativeDeployment
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
 from specdeploy.plan.children.revision import engine_image
@@ -22,6 +24,7 @@ from specdeploy.plan.children.vllm_args import (
     Role,
     build_vllm_args,
     nodes_per_replica,
+    probe_of,
 )
 from specdeploy.plan.placement.kueue import kueue_labels
 from specdeploy.plan.placement.sizing import cpu_kv_space_gib, download_storage
@@ -130,6 +133,21 @@ def _env(spec: Spec, revision: str, sizing: SizingDecision | None) -> list[dict[
                 "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
             }
         )
+    probe = probe_of(spec)
+    if probe is not None:
+        settings = {
+            "maxTokens": probe.max_tokens,
+            "temperature": probe.temperature,
+            "timeoutSeconds": probe.timeout_seconds,
+        }
+        prompts = probe.config_map_key_ref
+        env += [
+            {"name": PROBE_ENV, "value": json.dumps(settings, separators=(",", ":"))},
+            {
+                "name": PROBE_PROMPTS_ENV,
+                "valueFrom": {"configMapKeyRef": {"name": prompts.name, "key": prompts.key}},
+            },
+        ]
     env += [{"name": item.name, "value": item.value} for item in spec.engine.env]
     return env
 
@@ -216,6 +234,7 @@ def build_pod_template(
     spec = sd.spec
     serves_api = role == "leader"
     volumes, mounts = _volumes(spec, sizing)
+    probed = serves_api and probe_of(spec) is not None
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": engine_image(spec, config),
@@ -224,7 +243,8 @@ def build_pod_template(
         "ports": [{"name": PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": _env(spec, revision, sizing),
         "readinessProbe": {
-            "httpGet": {"path": "/health", "port": PORT_NAME},
+            # With a probe, the pod is ready once it ran the probe (engine/probe.py).
+            "httpGet": {"path": PROBE_READY_PATH if probed else "/health", "port": PORT_NAME},
             "periodSeconds": 5,
             "failureThreshold": 3,
         },
@@ -233,7 +253,11 @@ def build_pod_template(
         "securityContext": json.loads(json.dumps(CONTAINER_SECURITY_CONTEXT)),
     }
     if not serves_api:
+        # A worker serves no request, so it runs no probe (its leader probes for the group).
         del container["ports"], container["readinessProbe"]
+        container["env"] = [
+            e for e in container["env"] if e["name"] not in (PROBE_ENV, PROBE_PROMPTS_ENV)
+        ]
     if mounts:
         container["volumeMounts"] = mounts
     node_selector = {
@@ -253,6 +277,10 @@ def build_pod_template(
         ]
     if volumes:
         pod_spec["volumes"] = volumes
+    if probed:
+        # Ready only once the operator compared its probe with the stable's (plan/probe.py):
+        # until then no user request reaches the pod.
+        pod_spec["readinessGates"] = [{"conditionType": PROBE_GATE}]
     options = spec.pod
     if options is not None:
         if options.service_account_name is not None:

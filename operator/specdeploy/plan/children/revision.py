@@ -10,9 +10,10 @@ A revision names everything that reaches the pod template, and nothing else:
   source (volumes and token Secret), placement.nodeSelector and tolerations, the sizing
   decision's resource name, count and node selector, and (only when they apply, so older
   revisions keep their names) CPU serving with its host memory and KV space, the model cache,
-  the pod options (labels, annotations, ServiceAccount, pull secrets, PriorityClass) and the
-  ephemeral-storage request of pods that download their weights.
-- out: replicas, rollout (canary, analysis, collapse guard), revisionHistoryLimit,
+  the pod options (labels, annotations, ServiceAccount, pull secrets, PriorityClass), the
+  ephemeral-storage request of pods that download their weights, and the analysis probe (its
+  ConfigMap and settings: the pods run it before they serve).
+- out: replicas, rollout (canary, analysis but its probe, collapse guard), revisionHistoryLimit,
   placement.queue and placement.priorityClass (Kueue labels on the Deployment object, not in
   its pod template: changing queue relabels the existing Deployments), the speculation policy
   itself (only its effect counts), and the sizing decision's memory estimate and message.
@@ -34,7 +35,7 @@ from typing import Any
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SizingDecision
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
-from specdeploy.plan.children.vllm_args import build_vllm_args
+from specdeploy.plan.children.vllm_args import build_vllm_args, probe_of
 from specdeploy.plan.placement.sizing import cpu_kv_space_gib, download_storage
 
 REVISION_LENGTH = 10
@@ -73,6 +74,10 @@ def revision_inputs(
         later["modelCache"] = dump(spec.model_cache)
     if spec.pod is not None:
         later["pod"] = dump(spec.pod)
+    if (probe := probe_of(spec)) is not None:
+        # Its ConfigMap and settings reach the pod template (env, readiness), not its content:
+        # prompts edited in the ConfigMap reach pods made afterwards.
+        later["probe"] = dump(probe)
     if sizing is not None and (storage := download_storage(spec, sizing)) is not None:
         later["ephemeralStorage"] = storage
     if sizing is not None and sizing.host_memory is not None:

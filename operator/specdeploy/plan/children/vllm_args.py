@@ -10,7 +10,8 @@ import json
 import posixpath
 from typing import Any, Literal
 
-from specdeploy.api.models import METHODS_WITHOUT_MODEL, ScheduleStep, SizingDecision
+from specdeploy.api.contract import PROBE_MIDDLEWARE
+from specdeploy.api.models import METHODS_WITHOUT_MODEL, ProbeSpec, ScheduleStep, SizingDecision
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
 
 # Where a modelSource.pvc claim is mounted in the engine container.
@@ -149,4 +150,13 @@ def build_vllm_args(spec: Spec, sizing: SizingDecision | None, role: Role = "lea
     config = speculative_config(spec, sizing)
     if config is not None:
         args += ["--speculative-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
+    if role == "leader" and probe_of(spec) is not None:
+        # Runs the probe inside vLLM's API server and gates readiness on it (engine/probe.py).
+        args += ["--middleware", PROBE_MIDDLEWARE]
     return [*args, *engine.extra_args]
+
+
+def probe_of(spec: Spec) -> ProbeSpec | None:
+    """The probe every pod of this spec runs before it serves, if any."""
+    analysis = spec.rollout.analysis
+    return analysis.probe if analysis is not None else None

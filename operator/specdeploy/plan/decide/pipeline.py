@@ -33,7 +33,7 @@ def decide(
     world = read_world(snapshot, config, catalog)
     serving = choose_served_pair(world, snapshot, config, catalog, now)
     pair = check_pair(world, serving, snapshot.pods)
-    canary = judge_the_canary(world, serving, pair, snapshot.measurements, now)
+    canary = judge_the_canary(world, serving, pair, snapshot, now)
     plan = plan_revisions(world, serving, canary)
     children = choose_child_writes(snapshot, world, serving, plan, config)
     status = report_status(snapshot, world, serving, pair=pair, canary=canary, plan=plan, now=now)
@@ -53,4 +53,5 @@ def decide(
         shape_unknown=sized.message if isinstance(sized, ShapeUnknown) else None,
         acceptance_rate=status.get("acceptanceRate"),
         wake_at=wake_at(world, serving, canary, now),
+        open_gates=canary.gates_to_open,
     )

@@ -10,6 +10,7 @@ from typing import Any
 from specdeploy.api.models import ModelShape
 from specdeploy.plan.rollout.analysis import Measurement
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement
+from specdeploy.plan.rollout.probe import ProbeResult
 from specdeploy.plan.rollout.revisions import RolloutEvent
 
 
@@ -44,6 +45,9 @@ class Snapshot:
     autotune: AutotuneMeasurement | None = None
     #: The same of the autotuner's trial revision, while one is under the canary.
     autotune_trial: AutotuneMeasurement | None = None
+    #: What each revision's pods measured on the probe (spec.rollout.analysis.probe), read
+    #: while a canary's or the stable's figures are not yet kept in status.
+    probes: Mapping[str, ProbeResult] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -70,3 +74,6 @@ class Decision:
     acceptance_rate: float | None = None
     #: When the SD next has a verdict due (plan.rollout.wakeup): reconcile it again then.
     wake_at: datetime | None = None
+    #: Pods whose probe readiness gate opens (their revision's probe was judged): the pod
+    #: condition specdeploy.dev/probe-judged is set True on each.
+    open_gates: tuple[str, ...] = ()

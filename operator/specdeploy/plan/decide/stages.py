@@ -35,10 +35,17 @@ from specdeploy.plan.placement.gpu_catalog import (
     read_gpu_inventories,
 )
 from specdeploy.plan.placement.sizing import ShapeUnknown, Unschedulable, keep_sizing, size_pair
-from specdeploy.plan.rollout.analysis import RFC3339, Measurement, duration_seconds
+from specdeploy.plan.rollout.analysis import RFC3339, duration_seconds
 from specdeploy.plan.rollout.autotune import Tuning, tune_deployment, tuned_spec
-from specdeploy.plan.rollout.canary import CanaryDecision, analysis_events, judge_revisions
+from specdeploy.plan.rollout.canary import (
+    CanaryDecision,
+    analysis_events,
+    judge_revisions,
+    rolled_back,
+    wake_moments,
+)
 from specdeploy.plan.rollout.collapse import RESUME_ANNOTATION, GuardVerdict, watch_collapse
+from specdeploy.plan.rollout.lifecycle import PersonRequests
 from specdeploy.plan.rollout.revisions import (
     RevisionDeployment,
     RolloutEvent,
@@ -64,6 +71,8 @@ class World:
     #: Every node, cordoned ones too (a serving revision keeps a device some node gives).
     known_devices: Sequence[GpuNodeInventory]
     revisions: Sequence[RevisionDeployment]
+    #: How long a new revision may take to be ready and judged (the progress deadline).
+    deadline_seconds: float = 1800.0
 
 
 def read_world(snapshot: Snapshot, config: OperatorConfig, catalog: Sequence[GpuProduct]) -> World:
@@ -78,6 +87,7 @@ def read_world(snapshot: Snapshot, config: OperatorConfig, catalog: Sequence[Gpu
         inventory=read_gpu_inventories(snapshot.nodes, catalog),
         known_devices=read_gpu_inventories(snapshot.nodes, catalog, include_cordoned=True),
         revisions=[r for r in found if r is not None],
+        deadline_seconds=config.progress_deadline_for(sd.spec.rollout),
     )
 
 
@@ -247,6 +257,7 @@ def check_pair(world: World, serving: Serving, pods: Sequence[Mapping[str, Any]]
         serving.pair.served.spec.pair.draft.method != "none",
         pods,
         world.sd.status,
+        rolled_back=rolled_back(world.sd.status),
     )
 
 
@@ -254,7 +265,7 @@ def judge_the_canary(
     world: World,
     serving: Serving,
     pair: PairVerdict,
-    measurements: Mapping[str, Measurement],
+    snapshot: Snapshot,
     now: datetime,
 ) -> CanaryDecision:
     """The stable and canary revisions and the canary's verdict (plan.rollout.canary)."""
@@ -267,9 +278,15 @@ def judge_the_canary(
         refused_by_launcher=pair.refused,
         guard_action=serving.guard_action,
         tuning=serving.tuning.state,
-        measurements=measurements,
+        measurements=snapshot.measurements,
         settings=world.settings,
         now=now,
+        pods=snapshot.pods,
+        annotations=world.sd.metadata.annotations,
+        generation=world.sd.metadata.generation,
+        probes_measured=snapshot.probes,
+        requests=PersonRequests.from_annotations(world.sd.metadata.annotations),
+        deadline_seconds=world.deadline_seconds,
     )
 
 
@@ -347,6 +364,7 @@ def report_status(
         ),
         group_sets={r.name for r in world.revisions if r.kind == "LeaderWorkerSet"},
         group_note=group_note,
+        now=now,
     )
     sized = serving.pair.sized
     seen = ObservedRollout(
@@ -365,6 +383,10 @@ def report_status(
         figures_every_seconds=duration_seconds(world.settings.interval),
         collapse=serving.guard,
         autotune=serving.tuning.state,
+        since=canary.since,
+        overdue=canary.overdue,
+        undone=canary.undone,
+        probes=canary.probes,
     )
     return build_status(world.sd, seen, now.strftime(RFC3339))
 
@@ -403,4 +425,5 @@ def wake_at(
         serving.guard.state,
         guard.for_ if guard else None,
         now,
+        also=wake_moments(canary, world.deadline_seconds, now),
     )

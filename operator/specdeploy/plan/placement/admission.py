@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from specdeploy.api.conditions import ConditionType, Reason
 from specdeploy.plan.status.conditions import ConditionUpdate
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
+#: How long pods may wait for Kueue before that is news: every new pod is gated for the moment
+#: Kueue takes to make and admit its Workload (a canary's pod every rollout), which is no
+#: shortage. Until then Admitted is Unknown (no Warning Event); after it, False.
+QUOTA_GRACE_SECONDS = 15.0
 QUOTA_SHORTAGE = re.compile(
     r"insufficient unused quota for (?P<resource>\S+) in flavor (?P<flavor>\S+), "
     r"(?P<amount>\S+) more needed"
@@ -66,6 +71,7 @@ def judge_admission(
     *,
     group_sets: Collection[str] = (),
     group_note: str | None = None,
+    now: datetime | None = None,
 ) -> ConditionUpdate:
     """The Admitted condition from the pods' scheduling gates and their Kueue Workloads.
 
@@ -76,7 +82,8 @@ def judge_admission(
     True when no pod is gated. False naming what Kueue lacks to admit them: the LocalQueue
     (`local_queue` None), the WorkloadPriorityClass `missing_priority_class` (Kueue makes no
     Workload for a pod whose class does not exist, and says so only in its own log), or the
-    ClusterQueue's quota. Unknown before any pod exists.
+    ClusterQueue's quota. Unknown while the gated pods are younger than QUOTA_GRACE_SECONDS
+    (Kueue admits new pods in a moment), and before any pod exists.
     """
     if queue is None:
         return ConditionUpdate(
@@ -145,9 +152,11 @@ def judge_admission(
     else:
         lacks = " has not admitted them yet"
     note = f"; {group_note}" if group_note else ""
+    waited = _longest_wait(gated, now)
+    young = waited is not None and waited < QUOTA_GRACE_SECONDS
     return ConditionUpdate(
         ConditionType.ADMITTED,
-        "False",
+        "Unknown" if young else "False",
         Reason.WAITING_FOR_QUOTA,
         f"{len(gated)} of {len(live)} pods wait for quota: ClusterQueue "
         f"{cluster_queue or '?'} (LocalQueue {queue}){lacks}{note}",
@@ -171,3 +180,18 @@ def describe_group(
             "stable revision's groups: Kueue admits a group whole or not at all"
         )
     return f"each replica is a group of {group}, admitted whole or not at all"
+
+
+def _longest_wait(pods: Sequence[Mapping[str, Any]], now: datetime | None) -> float | None:
+    """Seconds the oldest of `pods` has existed (None: unknown, so no grace)."""
+    if now is None:
+        return None
+    ages = []
+    for pod in pods:
+        created = (pod.get("metadata") or {}).get("creationTimestamp")
+        try:
+            then = datetime.strptime(str(created), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        except ValueError:
+            return None
+        ages.append((now - then).total_seconds())
+    return max(ages) if ages else None

@@ -1,27 +1,43 @@
 """Canary analysis as pure functions: one verdict per interval, and what a run of them decides.
 
-Conventions (docs/operator.md compares them with Argo Rollouts' and Flagger's):
+Conventions (docs/operator.md compares them with Argo Rollouts', Flagger's and OME's):
 
 - A verdict is Pass, Fail or Inconclusive. Inconclusive means the window cannot say: fewer draft
-  tokens than `minDraftTokens`, no data, or Prometheus could not be asked. It is never a
-  failure and never a pass, so a canary is never promoted on missing data.
-- Fail when the canary's acceptance rate is below `minAcceptanceRate`; or, beside a stable
-  revision that has a draft, more than `maxDropVsStable` below the stable's; or when both serve
-  traffic and the canary's inter-token latency (p50) is more than `maxLatencyIncrease` times the
-  stable's: a draft that is accepted but slow to run loses.
+  tokens than `minDraftTokens`, no data, Prometheus could not be asked, the stable revision's
+  figures are missing, or the two revisions ran at running batch sizes too far apart to compare
+  their latency. It is never a failure and never a pass, so a canary is never promoted on
+  missing data, and never on the absolute floor alone when the comparison with the stable
+  could not be made.
+- Every figure is exact: counters, and histograms' sums over their counts, never quantiles
+  interpolated inside vLLM's buckets (the inter-token latency's first bucket ends at 10 ms, the
+  next at 25 ms, which no 10 % bound can resolve).
+- Latency is judged per output token, what a user feels: vLLM observes its inter-token latency
+  once per engine step of each sequence however many tokens the step emitted, so a speculative
+  step is longer than a target-only one and emits more. Time per output token = decode time
+  (the inter-token latency's sum) over the tokens decoded after each request's first
+  (generation tokens minus first tokens): the canary's and the stable's over the same window,
+  each at its own mean step time. When both revisions ran the same probe, each revision's
+  tokens per step come from the probe's identical prompts instead of the window's traffic, so
+  a different prompt mix cannot decide (plan/probe.py).
+- Fail when any criterion fails, all of them named: acceptance below `minAcceptanceRate`;
+  acceptance more than `maxDropVsStable` below a stable with a draft (on the probe's prompts
+  when both ran it, else on live traffic); time per output token more than
+  `maxTimePerOutputTokenIncrease` times the stable's; mean time to first token more than
+  `maxTimeToFirstTokenIncrease` times the stable's and more than `timeToFirstTokenTolerance`
+  (50 ms) longer; a share of requests that ended in error or
+  abort more than `maxErrorRateIncrease` above the stable's. Latency compares only when the two
+  running batch sizes (sequences per engine step) are within `maxBatchSizeRatio`; else the
+  verdict is Inconclusive.
 - A tuned canary (its only change from the stable is the length the autotuner chose) is judged
-  by throughput, not acceptance: a longer k lowers the acceptance rate even when it emits more
-  tokens per second. minAcceptanceRate stays its floor; then it fails when its tokens per step
-  over its mean step time (mean acceptance length / mean inter-token latency) is more than
-  `maxThroughputDrop` (0.02) below the stable's, and is Inconclusive without both figures. The
-  mean (the histogram's sum over its count), not the p50: it is exact where a quantile is
-  interpolated inside vLLM's buckets (the first ends at 10 ms, the next at 25 ms), and tokens
-  over time is what a sequence gets, stalls included.
+  by tokens per second per sequence instead (a longer k lowers the acceptance rate even when it
+  emits more tokens per second): it fails when they are more than `maxThroughputDrop` below the
+  stable's; minAcceptanceRate and the error criterion still apply.
 - The canary is rolled back when its failed verdicts reach `failureLimit` (">=", counted over
   the whole canary run, as Flagger counts; Argo Rollouts' `failureLimit` is "more than", so our
   2 is their 1). It is promoted after `promoteAfter` passing verdicts in a row. On Inconclusive,
-  `onInconclusive` decides: Hold keeps judging (and says why), Rollback rolls back, Promote
-  promotes only when a person chose it in the spec.
+  `onInconclusive` decides: Hold keeps judging (and says why) for at most `inconclusiveLimit`
+  verdicts in a row, then rolls back so a canary nobody can judge frees its GPUs; Rollback
+  rolls back and Promote promotes at once.
 - Each interval is judged once: intervals are numbered from the canary's start, and the state
   (kept in the SD's status) remembers the last one judged, so an operator restarted mid-canary
   resumes without counting an interval twice or promoting twice.
@@ -29,14 +45,12 @@ Conventions (docs/operator.md compares them with Argo Rollouts' and Flagger's):
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from enum import StrEnum
 
 from specdeploy.api.config import AnalysisSettings
-from specdeploy.api.models import AnalysisStatus
 
 RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
 
@@ -56,74 +70,140 @@ class Outcome(StrEnum):
     ROLLBACK = "Rollback"
 
 
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    value = numerator / denominator
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
 @dataclass(frozen=True)
 class Measurement:
-    """What Prometheus says of one revision's pods over one window."""
+    """What Prometheus counted of one revision's pods over one window: counters, and
+    histograms' sums and counts (no quantile), each summed over the revision's pods."""
 
     acceptance_rate: float | None = None
     mean_acceptance_length: float | None = None
     draft_tokens: float = 0.0
-    #: Median inter-token latency (seconds); None without traffic.
-    inter_token_latency_p50: float | None = None
-    #: Mean inter-token latency (seconds): vLLM observes it once per decode step of each
-    #: sequence, so it is the mean step time. None without traffic.
-    step_seconds: float | None = None
-    time_to_first_token_p50: float | None = None
-    #: Set when the query failed (Prometheus unreachable, a bad answer).
+    #: Sum and count of vLLM's inter-token latency: one observation per engine step of each
+    #: running sequence (after its first token), whatever the tokens the step emitted.
+    step_seconds_sum: float | None = None
+    steps: float | None = None
+    #: Tokens generated (vllm:generation_tokens_total), each request's first token included.
+    output_tokens: float | None = None
+    #: Sum and count of the time to first token: one observation per request.
+    first_token_seconds_sum: float | None = None
+    first_tokens: float | None = None
+    #: Engine steps (vllm:iteration_tokens_total's count).
+    engine_steps: float | None = None
+    #: Requests that finished in the window (vllm:request_success_total), and those of them
+    #: whose finished_reason was error or abort.
+    finished: float | None = None
+    failed: float | None = None
+    #: Set when a query failed (Prometheus unreachable, a bad answer).
     error: str | None = None
 
+    @property
+    def step_seconds(self) -> float | None:
+        """Mean decode step time of a sequence."""
+        return _ratio(self.step_seconds_sum, self.steps)
 
-@dataclass(frozen=True)
-class IntervalVerdict:
-    result: Result
-    message: str
+    @property
+    def decode_tokens(self) -> float | None:
+        """Tokens decoded after each request's first (the first comes out of the prefill)."""
+        if self.output_tokens is None:
+            return None
+        return max(0.0, self.output_tokens - (self.first_tokens or 0.0))
 
+    @property
+    def tokens_per_step(self) -> float | None:
+        """Tokens a sequence gets from one decode step: 1 without speculation, the mean
+        acceptance length with it (exactly, whatever the schedule of k)."""
+        found = _ratio(self.decode_tokens, self.steps)
+        return found if found is not None else self.mean_acceptance_length
 
-def _figure(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+    @property
+    def time_per_output_token(self) -> float | None:
+        """Decode time per decoded token: the latency a user feels, per token."""
+        return _ratio(self.step_seconds_sum, self.decode_tokens)
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return _ratio(self.first_token_seconds_sum, self.first_tokens)
+
+    @property
+    def batch_size(self) -> float | None:
+        """Running sequences per engine step over the window (decode and prefill alike)."""
+        if self.steps is None:
+            return None
+        return _ratio(self.steps + (self.first_tokens or 0.0), self.engine_steps)
+
+    @property
+    def error_rate(self) -> float | None:
+        return _ratio(self.failed or 0.0, self.finished)
 
 
 def describe_measurement(measured: Measurement) -> str:
     """One line of every figure of a measurement, "n/a" where Prometheus gave none."""
     if measured.error is not None:
         return f"no answer: {measured.error}"
-    step = "n/a" if measured.step_seconds is None else f"{measured.step_seconds:.5f}s"
+
+    def shown(value: float | None, unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
+        return "n/a" if value is None else f"{value * scale:.{digits}f}{unit}"
+
     return (
-        f"acceptance {_figure(measured.acceptance_rate)}, mean acceptance length "
-        f"{_figure(measured.mean_acceptance_length)}, {measured.draft_tokens:,.0f} draft tokens, "
-        f"mean step {step}"
+        f"acceptance {shown(measured.acceptance_rate)}, {measured.draft_tokens:,.0f} draft "
+        f"tokens, {shown(measured.tokens_per_step)} tokens a step, mean step "
+        f"{shown(measured.step_seconds, ' ms', 1000, 1)}, "
+        f"{shown(measured.time_per_output_token, ' ms', 1000, 2)} per token, first token "
+        f"{shown(measured.time_to_first_token, ' ms', 1000, 1)}, batch "
+        f"{shown(measured.batch_size)}, errors {shown(measured.error_rate, '%', 100, 1)}"
     )
 
 
-def tokens_per_second(measured: Measurement) -> float | None:
-    """Tokens one sequence gets per second: tokens per step (mean acceptance length, which
-    counts the target's own token) over the mean step time (vLLM observes the inter-token
-    latency once per step). None without either figure."""
-    length, step = measured.mean_acceptance_length, measured.step_seconds
-    if length is None or step is None or step <= 0:
-        return None
-    return length / step
+def tokens_per_second(measured: Measurement, tokens_per_step: float | None = None) -> float | None:
+    """Tokens one sequence gets per second while decoding: tokens per step (the window's, or
+    the probe's when given) over the mean step time. None without either figure."""
+    per_step = tokens_per_step if tokens_per_step is not None else measured.tokens_per_step
+    return _ratio(per_step, measured.step_seconds)
 
 
-def _judge_throughput(
-    canary: Measurement, stable: Measurement | None, tokens: str, max_drop: float
-) -> IntervalVerdict:
-    mine = tokens_per_second(canary)
-    theirs = tokens_per_second(stable) if stable is not None else None
-    if mine is None or theirs is None:
-        missing = "the canary's" if mine is None else "the stable's"
-        return IntervalVerdict(
-            Result.INCONCLUSIVE,
-            f"tuned revision: {missing} tokens per second (acceptance length / mean step "
-            "time) were not measured",
-        )
-    change = mine / theirs - 1
-    figures = f"{mine:.1f} tokens/s per sequence vs the stable's {theirs:.1f} ({change:+.1%})"
-    if change < -max_drop:
-        return IntervalVerdict(
-            Result.FAIL, f"tuned revision: {figures}, more than {max_drop:.0%} slower"
-        )
-    return IntervalVerdict(Result.PASS, f"tuned revision: {figures} over {tokens}")
+@dataclass(frozen=True)
+class ProbeTokens:
+    """Tokens per decode step of each revision on the probe's identical prompts: given when
+    both revisions ran the same complete probe (plan/probe.py)."""
+
+    canary: float
+    stable: float
+
+
+@dataclass(frozen=True)
+class IntervalVerdict:
+    result: Result
+    message: str
+    #: The figures the verdict compared, for its record (None where not measured).
+    time_per_output_token: float | None = None
+    stable_time_per_output_token: float | None = None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def _volume(canary: Measurement, has_draft: bool) -> tuple[float, str]:
+    if has_draft:
+        return canary.draft_tokens, f"{canary.draft_tokens:,.0f} draft tokens"
+    tokens = canary.decode_tokens or 0.0
+    return tokens, f"{tokens:,.0f} tokens"
+
+
+def _stable_problem(stable: Measurement) -> str | None:
+    """Why the stable's figures cannot be compared with, or None."""
+    if stable.error is not None:
+        return f"the stable's figures could not be read: {stable.error}"
+    if not stable.steps or not stable.decode_tokens:
+        return "the stable decoded nothing in the window: nothing to compare with"
+    return None
 
 
 def judge_interval(
@@ -133,51 +213,213 @@ def judge_interval(
     criteria: AnalysisSettings,
     *,
     tuned: bool = False,
+    canary_has_draft: bool = True,
+    probe: ProbeTokens | None = None,
 ) -> IntervalVerdict:
-    """The verdict on one window of the canary, beside the stable revision (None: no stable).
+    """The verdict on one window of the canary, beside the stable revision's measurement over
+    the same window (None: there is no stable revision, so nothing to compare with).
 
-    `tuned`: the canary differs from the stable only by the autotuned length, so it is judged
-    by tokens per second against the stable's (minAcceptanceRate stays the floor).
+    `tuned`: the canary differs from the stable only by the autotuned length, so it is judged by
+    tokens per second against the stable's. `probe`: both ran the same probe, whose tokens per
+    step compare the two on identical prompts (and the acceptance drop was judged there).
     """
     if canary.error is not None:
         return IntervalVerdict(Result.INCONCLUSIVE, f"metrics unavailable: {canary.error}")
-    tokens = f"{canary.draft_tokens:,.0f} draft tokens"
-    if canary.acceptance_rate is None or canary.draft_tokens < criteria.min_draft_tokens:
+    volume, tokens = _volume(canary, canary_has_draft)
+    if volume < criteria.min_draft_tokens or (canary_has_draft and canary.acceptance_rate is None):
         return IntervalVerdict(
             Result.INCONCLUSIVE,
             f"{tokens} in the window, fewer than the {criteria.min_draft_tokens:,} a verdict needs",
         )
+    failures: list[str] = []
     rate = canary.acceptance_rate
-    if rate < criteria.min_acceptance_rate:
+    if canary_has_draft and rate is not None and rate < criteria.min_acceptance_rate:
+        failures.append(f"acceptance {rate:.2f} < {criteria.min_acceptance_rate:.2f} over {tokens}")
+    problem = _stable_problem(stable) if stable is not None else None
+    if problem is not None:
+        # Never a pass on the floor alone: without the stable's figures nothing was compared.
+        verdict = "; ".join([*failures, problem]) if failures else problem
+        return IntervalVerdict(Result.FAIL if failures else Result.INCONCLUSIVE, verdict)
+
+    errors = _judge_errors(canary, stable, criteria)
+    if errors.failure:
+        failures.append(errors.failure)
+    if tuned:
+        return _judge_throughput(
+            canary, stable, tokens, criteria=criteria, failures=failures, errors=errors, probe=probe
+        )
+    if (
+        stable is not None
+        and probe is None
+        and stable_has_draft
+        and stable.acceptance_rate is not None
+        and rate is not None
+    ):
+        drop = stable.acceptance_rate - rate
+        if drop > criteria.max_drop_vs_stable:
+            failures.append(
+                f"acceptance {rate:.2f} is {drop:.2f} below the stable's "
+                f"{stable.acceptance_rate:.2f} (more than {criteria.max_drop_vs_stable:.2f})"
+            )
+    latency = _judge_latency(canary, stable, criteria, probe)
+    failures += latency.failures
+    mine, theirs = latency.per_token
+    if failures:
+        return IntervalVerdict(Result.FAIL, "; ".join(failures), mine, theirs)
+    missing = [m for m in (errors.missing, latency.missing) if m]
+    if missing:
+        return IntervalVerdict(Result.INCONCLUSIVE, "; ".join(missing), mine, theirs)
+    head = (
+        f"acceptance {rate:.2f} (mean length {canary.tokens_per_step or 0:.2f}) over {tokens}"
+        if canary_has_draft and rate is not None
+        else f"{tokens} decoded"
+    )
+    return IntervalVerdict(
+        Result.PASS, "; ".join([head, *latency.figures, *errors.figures]), mine, theirs
+    )
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """One criterion's findings: a failure, why it could not be judged, its figures."""
+
+    failure: str | None = None
+    missing: str | None = None
+    figures: tuple[str, ...] = ()
+
+
+def _judge_errors(
+    canary: Measurement, stable: Measurement | None, criteria: AnalysisSettings
+) -> _Judged:
+    mine = canary.error_rate
+    if mine is None:
+        return _Judged(missing="no request of the canary finished in the window")
+    theirs = (stable.error_rate if stable is not None else None) or 0.0
+    finished = f"{canary.finished:,.0f} requests" if canary.finished else "no request"
+    figure = f"errors {mine:.1%} of {finished} vs the stable's {theirs:.1%}"
+    if mine - theirs > criteria.max_error_rate_increase:
+        return _Judged(
+            failure=f"{figure} (more than {criteria.max_error_rate_increase:.0%} above)",
+        )
+    return _Judged(figures=(figure,))
+
+
+@dataclass(frozen=True)
+class _Latency:
+    failures: list[str]
+    missing: str | None
+    figures: tuple[str, ...]
+    #: (the canary's, the stable's) time per output token as compared.
+    per_token: tuple[float | None, float | None]
+
+
+def _per_token(measured: Measurement, tokens_per_step: float | None) -> float | None:
+    if tokens_per_step is None:
+        return measured.time_per_output_token
+    return _ratio(measured.step_seconds, tokens_per_step)
+
+
+def _loads_apart(canary: Measurement, stable: Measurement, bound: float) -> str | None:
+    mine, theirs = canary.batch_size, stable.batch_size
+    if mine is None or theirs is None:
+        return None
+    if max(mine, theirs) > bound * min(mine, theirs):
+        return (
+            f"latency not compared: running batch {mine:.2f} vs the stable's {theirs:.2f} "
+            f"(more than {bound:.2f}x apart)"
+        )
+    return None
+
+
+def _judge_latency(
+    canary: Measurement,
+    stable: Measurement | None,
+    criteria: AnalysisSettings,
+    probe: ProbeTokens | None,
+) -> _Latency:
+    mine = _per_token(canary, probe.canary if probe else None)
+    if stable is None:
+        return _Latency([], None, (), (mine, None))
+    theirs = _per_token(stable, probe.stable if probe else None)
+    apart = _loads_apart(canary, stable, criteria.max_batch_size_ratio)
+    if apart is not None:
+        return _Latency([], apart, (), (mine, theirs))
+    failures: list[str] = []
+    figures: list[str] = []
+    missing: list[str] = []
+    on = " on the probe's tokens per step" if probe else ""
+    per_token = _ratio(mine, theirs)
+    if mine is None or theirs is None or per_token is None:
+        missing.append("time per output token not measured on both revisions")
+    else:
+        figure = f"{_ms(mine)} per token vs the stable's {_ms(theirs)} ({per_token:.2f}x{on})"
+        if per_token > criteria.max_time_per_output_token_increase:
+            failures.append(
+                f"time per output token {_ms(mine)} is {per_token:.2f}x the stable's "
+                f"{_ms(theirs)}{on} (more than {criteria.max_time_per_output_token_increase:.2f}x)"
+            )
+        else:
+            figures.append(figure)
+    first, their_first = canary.time_to_first_token, stable.time_to_first_token
+    first_ratio = _ratio(first, their_first)
+    if first is None or their_first is None or first_ratio is None:
+        missing.append("time to first token not measured on both revisions")
+    elif (
+        first_ratio > criteria.max_time_to_first_token_increase
+        and first - their_first > duration_seconds(criteria.time_to_first_token_tolerance)
+    ):
+        failures.append(
+            f"time to first token {_ms(first)} is {first_ratio:.2f}x the stable's "
+            f"{_ms(their_first)} (more than {criteria.max_time_to_first_token_increase:.2f}x "
+            f"and {criteria.time_to_first_token_tolerance} longer)"
+        )
+    else:
+        figures.append(f"first token {_ms(first)} vs {_ms(their_first)} ({first_ratio:.2f}x)")
+    return _Latency(failures, "; ".join(missing) or None, tuple(figures), (mine, theirs))
+
+
+def _judge_throughput(
+    canary: Measurement,
+    stable: Measurement | None,
+    tokens: str,
+    *,
+    criteria: AnalysisSettings,
+    failures: list[str],
+    errors: _Judged,
+    probe: ProbeTokens | None,
+) -> IntervalVerdict:
+    mine = tokens_per_second(canary, probe.canary if probe else None)
+    theirs = (
+        tokens_per_second(stable, probe.stable if probe else None) if stable is not None else None
+    )
+    per_token = (_ratio(1.0, mine), _ratio(1.0, theirs))
+    if failures:
+        return IntervalVerdict(Result.FAIL, "tuned revision: " + "; ".join(failures), *per_token)
+    if mine is None or theirs is None:
+        missing = "the canary's" if mine is None else "the stable's"
+        return IntervalVerdict(
+            Result.INCONCLUSIVE,
+            f"tuned revision: {missing} tokens per second (tokens per step / mean step time) "
+            "were not measured",
+            *per_token,
+        )
+    apart = _loads_apart(canary, stable, criteria.max_batch_size_ratio) if stable else None
+    if apart is not None:
+        return IntervalVerdict(Result.INCONCLUSIVE, f"tuned revision: {apart}", *per_token)
+    change = mine / theirs - 1
+    figures = f"{mine:.1f} tokens/s per sequence vs the stable's {theirs:.1f} ({change:+.1%})"
+    if change < -criteria.max_throughput_drop:
         return IntervalVerdict(
             Result.FAIL,
-            f"acceptance {rate:.2f} < {criteria.min_acceptance_rate:.2f} over {tokens}",
+            f"tuned revision: {figures}, more than {criteria.max_throughput_drop:.0%} slower",
+            *per_token,
         )
-    usable = stable if stable is not None and stable.error is None else None
-    if tuned:
-        return _judge_throughput(canary, usable, tokens, criteria.max_throughput_drop)
-    if usable is not None and stable_has_draft and usable.acceptance_rate is not None:
-        drop = usable.acceptance_rate - rate
-        if drop > criteria.max_drop_vs_stable:
-            return IntervalVerdict(
-                Result.FAIL,
-                f"acceptance {rate:.2f} is {drop:.2f} below the stable's "
-                f"{usable.acceptance_rate:.2f} (more than {criteria.max_drop_vs_stable:.2f})",
-            )
-    canary_itl = canary.inter_token_latency_p50
-    stable_itl = usable.inter_token_latency_p50 if usable is not None else None
-    if canary_itl is not None and stable_itl is not None and stable_itl > 0:
-        ratio = canary_itl / stable_itl
-        if ratio > criteria.max_latency_increase:
-            return IntervalVerdict(
-                Result.FAIL,
-                f"inter-token latency {canary_itl * 1000:.1f} ms is {ratio:.2f}x the stable's "
-                f"{stable_itl * 1000:.1f} ms (more than {criteria.max_latency_increase:.2f}x)",
-            )
+    if errors.missing:
+        return IntervalVerdict(
+            Result.INCONCLUSIVE, f"tuned revision: {figures}; {errors.missing}", *per_token
+        )
     return IntervalVerdict(
-        Result.PASS,
-        f"acceptance {rate:.2f} (mean length {_figure(canary.mean_acceptance_length)}) "
-        f"over {tokens}",
+        Result.PASS, f"tuned revision: {figures} over {tokens}; {errors.figures[0]}", *per_token
     )
 
 
@@ -208,7 +450,7 @@ def advance(
     held canary, so the condition keeps saying why).
     """
     if interval <= state.last_interval:
-        return state, _standing(state, criteria)
+        return state, standing(state, criteria)
     if verdict.result == Result.PASS:
         state = replace(
             state,
@@ -228,10 +470,11 @@ def advance(
         state = replace(
             state, last_interval=interval, inconclusive_in_a_row=state.inconclusive_in_a_row + 1
         )
-    return state, _standing(state, criteria)
+    return state, standing(state, criteria)
 
 
-def _standing(state: AnalysisState, criteria: AnalysisSettings) -> Outcome:
+def standing(state: AnalysisState, criteria: AnalysisSettings) -> Outcome:
+    """What the verdicts counted so far decide."""
     if state.failures >= criteria.failure_limit:
         return Outcome.ROLLBACK
     if state.passes_in_a_row >= criteria.promote_after:
@@ -241,6 +484,8 @@ def _standing(state: AnalysisState, criteria: AnalysisSettings) -> Outcome:
             return Outcome.ROLLBACK
         if criteria.on_inconclusive == "Promote":
             return Outcome.PROMOTE
+        if state.inconclusive_in_a_row >= criteria.inconclusive_limit:
+            return Outcome.ROLLBACK
         return Outcome.HOLD
     return Outcome.CONTINUE
 
@@ -257,79 +502,12 @@ def duration_seconds(text: str) -> float:
     return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
 
 
-@dataclass(frozen=True)
-class CanaryJudgement:
-    """What this reconcile concluded about the canary: the analysis state to keep in status,
-    the verdict counted now (if an interval closed), and what follows."""
-
-    state: AnalysisStatus | None
-    outcome: Outcome | None = None
-    verdict: IntervalVerdict | None = None
-    measured: Measurement | None = None
-
-
-def _as_state(status: AnalysisStatus) -> AnalysisState:
-    return AnalysisState(
-        last_interval=status.last_interval,
-        passes_in_a_row=status.passes_in_a_row,
-        failures=status.failures,
-        inconclusive_in_a_row=status.inconclusive_in_a_row,
-    )
-
-
-def judge_canary(
-    previous: AnalysisStatus | None,
-    *,
-    canary: str | None,
-    canary_ready: bool,
-    stable: str | None,
-    stable_has_draft: bool,
-    measurements: Mapping[str, Measurement],
-    settings: AnalysisSettings,
-    now: datetime,
-    tuned: bool = False,
-) -> CanaryJudgement:
-    """Advances the analysis of `canary` (None: no canary now) by what `now` closes.
-
-    The analysis starts when all the canary's pods are ready; each interval after that gets
-    one verdict (`tuned`: see judge_interval). A finished analysis (Promote or Rollback) stays
-    as it ended; the analysis of an earlier canary is kept in status until a new one starts.
-    """
-    if canary is None:
-        return CanaryJudgement(state=previous)
-    if previous is None or previous.revision != canary:
-        if not canary_ready:
-            return CanaryJudgement(state=previous)
-        previous = AnalysisStatus(revision=canary, started_at=now.strftime(RFC3339))
-    if previous.outcome in (Outcome.PROMOTE, Outcome.ROLLBACK):
-        return CanaryJudgement(state=previous, outcome=Outcome(previous.outcome))
-    started = datetime.strptime(previous.started_at, RFC3339).replace(tzinfo=UTC)
-    number = interval_number(
-        started.timestamp(), now.timestamp(), duration_seconds(settings.interval)
-    )
-    if number <= previous.last_interval:
-        return CanaryJudgement(state=previous, outcome=_standing(_as_state(previous), settings))
-    measured = measurements.get(canary) or Measurement(error="the canary was not measured")
-    verdict = judge_interval(
-        measured,
-        measurements.get(stable) if stable else None,
-        stable_has_draft,
-        settings,
-        tuned=tuned,
-    )
-    state, outcome = advance(_as_state(previous), number, verdict, settings)
-    return CanaryJudgement(
-        state=previous.model_copy(
-            update={
-                "last_interval": state.last_interval,
-                "passes_in_a_row": state.passes_in_a_row,
-                "failures": state.failures,
-                "inconclusive_in_a_row": state.inconclusive_in_a_row,
-                "outcome": str(outcome),
-                "message": verdict.message,
-            }
-        ),
-        outcome=outcome,
-        verdict=verdict,
-        measured=measured,
-    )
+def live_window(window: str, started_seconds: float | None, now_seconds: float) -> str:
+    """The range a verdict reads: the analysis `window`, cut at the live analysis' start, so a
+    canary's window never reaches back to its probe or its warm-up (both revisions are read
+    over the same range, so they stay paired)."""
+    full = duration_seconds(window)
+    if started_seconds is None:
+        return window
+    since = math.floor(now_seconds - started_seconds)
+    return window if since >= full or since <= 0 else f"{since}s"

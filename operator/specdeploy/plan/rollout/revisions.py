@@ -15,7 +15,7 @@ from typing import Any
 
 from specdeploy.api.conditions import Reason
 from specdeploy.api.contract import PAIR_ENV
-from specdeploy.api.labels import PAIR_VERSION, REVISION
+from specdeploy.api.labels import PAIR_VERSION, PROBE_GATE, REVISION
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class RevisionDeployment:
     #: Deployment, or LeaderWorkerSet for a revision whose replicas span nodes (then replicas
     #: and ready_replicas count groups).
     kind: str = "Deployment"
+    #: Its pods carry the probe's readiness gate (spec.rollout.analysis.probe).
+    probe_gate: bool = False
 
     @property
     def fully_ready(self) -> bool:
@@ -61,7 +63,9 @@ def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeploymen
     spec = deployment.get("spec") or {}
     status = deployment.get("status") or {}
     pair: Mapping[str, Any] = {}
-    containers = (_pod_template(deployment).get("spec") or {}).get("containers") or []
+    pod_spec = _pod_template(deployment).get("spec") or {}
+    containers = pod_spec.get("containers") or []
+    gates = {g.get("conditionType") for g in pod_spec.get("readinessGates") or []}
     for container in containers:
         for env in container.get("env") or []:
             if env.get("name") == PAIR_ENV and env.get("value"):
@@ -80,6 +84,7 @@ def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeploymen
         pods=int(status.get("replicas") or 0),
         observed=int(status.get("observedGeneration") or 0) >= int(metadata.get("generation") or 0),
         kind="LeaderWorkerSet" if "leaderWorkerTemplate" in spec else "Deployment",
+        probe_gate=PROBE_GATE in gates,
     )
 
 

@@ -9,6 +9,7 @@ Pure: the answer depends on the status the reconcile wrote and the settings alon
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from specdeploy.api.models import AnalysisStatus, CollapseStatus
@@ -30,6 +31,8 @@ def next_verdict_at(analysis: AnalysisStatus | None, interval: str) -> datetime 
     """
     if analysis is None or analysis.outcome in (Outcome.PROMOTE, Outcome.ROLLBACK):
         return None
+    if analysis.stage != "Live" or analysis.paused:
+        return None
     started = _parse(analysis.started_at)
     seconds = duration_seconds(interval) * (analysis.last_interval + 2)
     return started + timedelta(seconds=seconds) + MARGIN
@@ -48,15 +51,15 @@ def next_wake(
     collapse: CollapseStatus | None,
     collapse_for: str | None,
     now: datetime,
+    *,
+    also: Iterable[datetime | None] = (),
 ) -> datetime | None:
-    """The earliest moment after `now` the SD has a verdict due, or None.
+    """The earliest moment after `now` the SD has a verdict due, or None; `also` adds other
+    moments (a progress deadline, the probe's figures awaited).
 
     A moment already past is dropped (the verdict could not be taken now, e.g. no usable data):
     the periodic round retries it, rather than a wake-up that would fire again at once.
     """
-    due = [
-        at
-        for at in (next_verdict_at(analysis, interval), next_collapse_at(collapse, collapse_for))
-        if at is not None and at > now
-    ]
+    moments = (next_verdict_at(analysis, interval), next_collapse_at(collapse, collapse_for))
+    due = [at for at in (*moments, *also) if at is not None and at > now]
     return min(due) if due else None

@@ -162,6 +162,8 @@ def judge_pair(
     has_draft: bool,
     pods: Sequence[Mapping[str, Any]],
     status: SpeculativeDeploymentStatus | None,
+    *,
+    rolled_back: frozenset[str] = frozenset(),
 ) -> PairVerdict:
     """The PairCompatible verdict for the desired revision and the revisions to keep stopped.
 
@@ -210,6 +212,24 @@ def judge_pair(
     elif problem is not None:
         update = ConditionUpdate(
             ConditionType.PAIR_COMPATIBLE, "Unknown", Reason.MODEL_NOT_FOUND, problem.message
+        )
+    elif desired_revision in rolled_back:
+        # Its pods are gone and stay gone: no launcher to wait for. Keep what was verified.
+        verified = (
+            current is not None
+            and current.reason == Reason.PAIR_VERIFIED
+            and desired_revision in current.message
+        )
+        update = ConditionUpdate(
+            ConditionType.PAIR_COMPATIBLE,
+            "True" if verified else "Unknown",
+            Reason.PAIR_VERIFIED if verified else Reason.PAIR_UNVERIFIED,
+            f"revision {desired_revision} was rolled back; "
+            + (
+                "the engine launcher had checked its pair"
+                if verified
+                else "its pair is not checked while the spec names it"
+            ),
         )
     elif desired_ready:
         checked = (

@@ -12,21 +12,25 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from specdeploy.api import labels
 from specdeploy.api.conditions import ConditionType, Phase, Reason, RevisionPhase
 from specdeploy.api.models import (
     AnalysisStatus,
     AutotuneStatus,
+    ProbeFigures,
     RevisionDraft,
     RevisionStatus,
     RevisionTarget,
+    RolloutProgress,
     SizingDecision,
     SpeculationStatus,
     SpeculativeDeployment,
     SpeculativeDeploymentStatus,
     Verdict,
 )
-from specdeploy.plan.rollout.analysis import RFC3339, CanaryJudgement, Measurement, Outcome
+from specdeploy.plan.rollout.analysis import RFC3339, Measurement, Outcome
 from specdeploy.plan.rollout.collapse import GuardVerdict
+from specdeploy.plan.rollout.lifecycle import CanaryJudgement, EndReason, Stage
 from specdeploy.plan.rollout.revisions import RevisionDeployment, RolloutEvent, RolloutPlan
 from specdeploy.plan.status.conditions import ConditionUpdate, set_conditions
 from specdeploy.plan.status.crash_loop import CrashLoop
@@ -85,6 +89,14 @@ class ObservedRollout:
     autotune: AutotuneStatus | None = None
     #: An engine of the desired revision that keeps exiting (not the launcher's verdict).
     crash_loop: CrashLoop | None = None
+    #: When the desired revision became the desired one (status.revisions[].since).
+    since: str | None = None
+    #: A new revision that is no canary past its progress deadline: why.
+    overdue: str | None = None
+    #: Every revision's probe figures, for status.revisions[].probe.
+    probes: Mapping[str, ProbeFigures] = field(default_factory=dict)
+    #: The revision a person's undo serves in place of the spec's, if any.
+    undone: str | None = None
 
     @property
     def analysis(self) -> AnalysisStatus | None:
@@ -94,17 +106,59 @@ class ObservedRollout:
 
     @property
     def rolled_back(self) -> bool:
-        """The desired revision was rolled back by its analysis."""
-        return self.analysis is not None and self.analysis.outcome == Outcome.ROLLBACK
+        """The desired revision was rolled back by its analysis, a person or its deadline."""
+        analysis = self.analysis
+        rolled = analysis is not None and analysis.outcome == Outcome.ROLLBACK
+        return rolled or (self.overdue is not None and self.plan.stable_revision is not None)
 
 
-def _rollback_detail(seen: ObservedRollout) -> str:
+@dataclass(frozen=True)
+class Stop:
+    """Why the rollout stopped the desired pair while another revision serves."""
+
+    reason: str
+    detail: str
+
+
+#: The condition reason of each way an analysis ends in a rollback (status.analysis.reason).
+STOP_REASONS = {
+    EndReason.PROGRESS_DEADLINE: Reason.PROGRESS_DEADLINE_EXCEEDED,
+    EndReason.INCONCLUSIVE_LIMIT: Reason.INCONCLUSIVE_LIMIT_REACHED,
+    EndReason.ABORTED: Reason.ABORTED,
+}
+
+
+def _stopped(seen: ObservedRollout, recorded: Sequence[RevisionStatus]) -> Stop | None:
+    """Why the desired pair was rolled back (its analysis, a person, a deadline), or None."""
+    desired, stable = seen.desired_revision, seen.plan.stable_revision
+    serving = f"; revision {stable} keeps serving" if stable and stable != desired else ""
     analysis = seen.analysis
-    stable = seen.plan.stable_revision
-    serving = f"; revision {stable} keeps serving" if stable else ""
-    why = analysis.message if analysis is not None else ""
-    failures = f", {analysis.failures} failed verdicts" if analysis is not None else ""
-    return f"revision {seen.desired_revision} rolled back: {why}{failures}{serving}"
+    if analysis is not None and analysis.outcome == Outcome.ROLLBACK:
+        reason = STOP_REASONS.get(analysis.reason or "", Reason.ROLLED_BACK)
+        counted = reason == Reason.ROLLED_BACK and analysis.failures > 0
+        failures = f", {analysis.failures} failed verdicts" if counted else ""
+        return Stop(
+            reason, f"revision {desired} rolled back: {analysis.message}{failures}{serving}"
+        )
+    if seen.overdue is not None and stable is not None:
+        return Stop(
+            Reason.PROGRESS_DEADLINE_EXCEEDED,
+            f"revision {desired} rolled back: {seen.overdue}{serving}",
+        )
+    record = next((r for r in recorded if r.revision == desired), None)
+    last = record.verdicts[-1] if record is not None and record.verdicts else None
+    if (
+        record is not None
+        and record.phase == RevisionPhase.FAILED
+        and last is not None
+        and last.source == "Deadline"
+        and stable is not None
+    ):
+        return Stop(
+            Reason.PROGRESS_DEADLINE_EXCEEDED,
+            f"revision {desired} rolled back: {last.message}{serving}",
+        )
+    return None
 
 
 def _refused_desired(seen: ObservedRollout) -> bool:
@@ -126,7 +180,21 @@ def _refusal_detail(seen: ObservedRollout) -> str:
     return f"revision {seen.desired_revision} refused by the engine launcher{serving}"
 
 
-def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> ConditionUpdate:
+def _stable_serves(sd: SpeculativeDeployment, seen: ObservedRollout) -> RevisionDeployment | None:
+    """The stable revision when it is not the desired one and all spec.replicas of it are
+    ready: it serves while the desired pair is stopped."""
+    stable = seen.plan.stable_revision
+    if stable is None or stable == seen.desired_revision:
+        return None
+    found = next((r for r in seen.revisions if r.revision == stable), None)
+    replicas = sd.spec.replicas
+    serves = found is not None and found.ready_replicas >= replicas and found.fully_ready
+    return found if serves else None
+
+
+def _ready_update(
+    sd: SpeculativeDeployment, seen: ObservedRollout, stop: Stop | None
+) -> ConditionUpdate:
     desired = next((r for r in seen.revisions if r.revision == seen.desired_revision), None)
     replicas = sd.spec.replicas
     nodes = (seen.sizing.nodes_per_replica if seen.sizing else None) or 1
@@ -147,10 +215,29 @@ def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> Condition
             Reason.ALL_REPLICAS_READY,
             f"{replicas}/{replicas} {unit} of revision {seen.desired_revision} ready",
         )
-    if seen.rolled_back:
+    # Ready means serving: after a rollback (or a refusal) the stable revision serves every
+    # replica; Degraded says what happened to the pair the spec names.
+    serving = _stable_serves(sd, seen)
+    if seen.undone is not None and serving is not None:
         return ConditionUpdate(
-            ConditionType.READY, "False", Reason.ROLLED_BACK, _rollback_detail(seen)
+            ConditionType.READY,
+            "True",
+            Reason.ALL_REPLICAS_READY,
+            f"{replicas}/{replicas} pods of revision {serving.revision} ready (undo); the "
+            f"spec's revision {seen.desired_revision} waits for the next spec",
         )
+    stopped = stop is not None or _refused_desired(seen)
+    if stopped and serving is not None:
+        why = stop.reason if stop is not None else _refusal_reason(seen)
+        return ConditionUpdate(
+            ConditionType.READY,
+            "True",
+            Reason.ALL_REPLICAS_READY,
+            f"{replicas}/{replicas} pods of revision {serving.revision} ready; revision "
+            f"{seen.desired_revision} stopped ({why}: see Degraded)",
+        )
+    if stop is not None:
+        return ConditionUpdate(ConditionType.READY, "False", stop.reason, stop.detail)
     problem = seen.pair.desired_problem
     if problem is not None and _refused_desired(seen):
         return ConditionUpdate(
@@ -178,6 +265,15 @@ def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> Condition
             Reason.ENGINE_CRASH_LOOPING,
             f"{ready}/{replicas} pods ready; {seen.crash_loop.describe(seen.desired_revision)}",
         )
+    if seen.plan.canary and seen.plan.stable_revision is not None:
+        return ConditionUpdate(
+            ConditionType.READY,
+            "False",
+            Reason.REPLICAS_NOT_READY,
+            f"revision {seen.desired_revision} is a canary ({ready} of its pods ready) beside "
+            f"revision {seen.plan.stable_revision}: Ready once it is promoted and serves "
+            f"{replicas}/{replicas}",
+        )
     return ConditionUpdate(
         ConditionType.READY,
         "False",
@@ -186,7 +282,45 @@ def _ready_update(sd: SpeculativeDeployment, seen: ObservedRollout) -> Condition
     )
 
 
-def _progressing_update(seen: ObservedRollout) -> ConditionUpdate:
+def _canary_progress(seen: ObservedRollout, analysis: AnalysisStatus) -> ConditionUpdate:
+    """Progressing while a canary is under way: which stage, its counts, the latest word."""
+    canary, stable = seen.desired_revision, seen.plan.stable_revision
+    head = f"canary {canary} beside revision {stable}: "
+    if analysis.paused:
+        return ConditionUpdate(
+            ConditionType.PROGRESSING,
+            "True",
+            Reason.PAUSED,
+            f"{head}paused by a person (annotation {labels.PAUSE}); no verdict is taken",
+        )
+    if analysis.stage == Stage.STARTING:
+        return ConditionUpdate(
+            ConditionType.PROGRESSING,
+            "True",
+            Reason.CANARY_STARTING,
+            f"{head}waiting for its pods to be ready",
+        )
+    if analysis.stage == Stage.PROBE:
+        return ConditionUpdate(
+            ConditionType.PROGRESSING,
+            "True",
+            Reason.CANARY_PROBING,
+            f"{head}its pods ran the probe and take no request until it is judged; "
+            f"{analysis.message or 'waiting for the probe'}",
+        )
+    held = analysis.outcome == Outcome.HOLD
+    return ConditionUpdate(
+        ConditionType.PROGRESSING,
+        "True",
+        Reason.ANALYSIS_INCONCLUSIVE if held else Reason.CANARY_ANALYSING,
+        f"{head}{analysis.passes_in_a_row} passes in a row, {analysis.failures} failures"
+        + (f", {analysis.inconclusive_in_a_row} inconclusive in a row" if held else "")
+        + f"; {'holding: ' if held else ''}"
+        f"{analysis.message or 'first verdict after one interval'}",
+    )
+
+
+def _progressing_update(seen: ObservedRollout, stop: Stop | None) -> ConditionUpdate:
     if seen.desired_revision is None:
         return ConditionUpdate(
             ConditionType.PROGRESSING, "False", Reason.UNSCHEDULABLE, seen.sizing_problem or ""
@@ -202,26 +336,27 @@ def _progressing_update(seen: ObservedRollout) -> ConditionUpdate:
         return ConditionUpdate(
             ConditionType.PROGRESSING, "False", _refusal_reason(seen), _refusal_detail(seen)
         )
-    if seen.rolled_back:
+    if seen.undone is not None:
         return ConditionUpdate(
-            ConditionType.PROGRESSING, "False", Reason.ROLLED_BACK, _rollback_detail(seen)
+            ConditionType.PROGRESSING,
+            "False",
+            Reason.UNDONE,
+            f"revision {seen.undone} serves by a person's undo (annotation {labels.UNDO}) until "
+            f"the spec changes; the spec's revision {seen.desired_revision} waits",
+        )
+    if stop is not None:
+        return ConditionUpdate(ConditionType.PROGRESSING, "False", stop.reason, stop.detail)
+    if seen.overdue is not None:
+        # No stable revision to fall back to: the revision keeps trying, the deadline is said.
+        return ConditionUpdate(
+            ConditionType.PROGRESSING,
+            "False",
+            Reason.PROGRESS_DEADLINE_EXCEEDED,
+            f"{seen.overdue}; no other revision serves, so it keeps its pods",
         )
     analysis = seen.analysis
     if seen.plan.canary and analysis is not None:
-        reason = (
-            Reason.ANALYSIS_INCONCLUSIVE
-            if analysis.outcome == Outcome.HOLD
-            else Reason.CANARY_ANALYSING
-        )
-        held = "holding: " if analysis.outcome == Outcome.HOLD else ""
-        return ConditionUpdate(
-            ConditionType.PROGRESSING,
-            "True",
-            reason,
-            f"canary {seen.desired_revision} beside revision {seen.plan.stable_revision}: "
-            f"{analysis.passes_in_a_row} passes in a row, {analysis.failures} failures; "
-            f"{held}{analysis.message or 'first verdict after one interval'}",
-        )
+        return _canary_progress(seen, analysis)
     serving = seen.plan.stable_revision
     beside = f" alongside revision {serving}" if serving else ""
     return ConditionUpdate(
@@ -232,16 +367,16 @@ def _progressing_update(seen: ObservedRollout) -> ConditionUpdate:
     )
 
 
-def _phase(ready: ConditionUpdate, seen: ObservedRollout) -> str:
-    if ready.status == "True":
-        return Phase.SERVING
-    if seen.rolled_back:
+def _phase(ready: ConditionUpdate, seen: ObservedRollout, stop: Stop | None) -> str:
+    if stop is not None:
         return Phase.ROLLED_BACK
-    if seen.plan.canary and seen.analysis is not None:
-        return Phase.CANARY
     if _refused_desired(seen):
         stable = seen.plan.stable_revision
         return Phase.DEGRADED if stable and stable != seen.desired_revision else Phase.FAILED
+    if ready.status == "True":
+        return Phase.SERVING
+    if seen.plan.canary and seen.analysis is not None:
+        return Phase.CANARY
     if seen.desired_revision is None:
         return Phase.DEGRADED if seen.plan.stable_revision else Phase.FAILED
     if seen.admission.status == "False" and not seen.plan.stable_revision:
@@ -250,12 +385,16 @@ def _phase(ready: ConditionUpdate, seen: ObservedRollout) -> str:
 
 
 def _revision_history(
-    seen: ObservedRollout, history_limit: int, recorded: Sequence[RevisionStatus], now: str
+    seen: ObservedRollout,
+    history_limit: int,
+    recorded: Sequence[RevisionStatus],
+    now: str,
+    stop: Stop | None,
 ) -> list[RevisionStatus]:
     """One record per revision Deployment, oldest first; a revision the launcher refused or the
-    analysis rolled back is Failed; the verdict counted now is added to the canary's record;
-    verdicts and a Failed phase written earlier are kept."""
-    refused = seen.pair.refused | ({seen.desired_revision} if seen.rolled_back else set())
+    rollout stopped is Failed; the verdict counted now is added to the canary's record; verdicts
+    and a Failed phase written earlier are kept, and each revision's probe figures once read."""
+    refused = seen.pair.refused | ({seen.desired_revision} if stop is not None else set())
     verdict = _verdict_record(seen, now)
     earlier = {r.revision: r for r in recorded}
     records: list[RevisionStatus] = []
@@ -274,6 +413,7 @@ def _revision_history(
             before is not None and before.phase == RevisionPhase.FAILED
         ):
             phase = RevisionPhase.FAILED
+        desired = revision.revision == seen.desired_revision
         records.append(
             RevisionStatus(
                 revision=revision.revision,
@@ -285,13 +425,15 @@ def _revision_history(
                     method=str(draft.get("method", "none")),
                     model=draft.get("model"),
                     revision=draft.get("revision"),
+                    num_speculative_tokens=draft.get("numSpeculativeTokens"),
                 ),
                 phase=phase,
                 created_at=revision.created or None,
                 verdicts=[
                     *(before.verdicts if before is not None else []),
-                    *([verdict] if verdict and revision.revision == seen.desired_revision else []),
+                    *([verdict] if verdict and desired else []),
                 ][-VERDICTS_KEPT:],
+                probe=seen.probes.get(revision.revision) or (before.probe if before else None),
             )
         )
     return records[-(history_limit + 1) :]
@@ -302,19 +444,55 @@ VERDICTS_KEPT = 10
 
 
 def _verdict_record(seen: ObservedRollout, now: str) -> Verdict | None:
-    judged, measured = seen.canary.verdict, seen.canary.measured
-    if judged is None or measured is None or seen.analysis is None:
+    """The verdict counted now, with the figures it was taken on (canary's and stable's)."""
+    judgement = seen.canary
+    judged = judgement.verdict
+    if seen.overdue is not None and seen.plan.stable_revision is not None:
+        return Verdict(time=now, source="Deadline", result="Fail", message=seen.overdue)
+    if judged is None or seen.analysis is None:
         return None
-    return Verdict(
+    interval = -1 if judgement.source == "Probe" else seen.analysis.last_interval
+    record = Verdict(
         time=now,
-        interval=seen.analysis.last_interval,
-        acceptance_rate=_rounded(measured.acceptance_rate),
-        mean_acceptance_length=_rounded(measured.mean_acceptance_length),
-        draft_tokens=int(measured.draft_tokens),
-        inter_token_latency_seconds=_rounded(measured.inter_token_latency_p50, 4),
-        step_seconds=_rounded(measured.step_seconds, 5),
+        interval=interval,
+        source=judgement.source,
         result=judged.result.value,
         message=judged.message,
+    )
+    if judgement.source == "Probe":
+        mine = seen.probes.get(seen.desired_revision or "")
+        theirs = seen.probes.get(seen.plan.stable_revision or "")
+        return record.model_copy(
+            update={
+                "acceptance_rate": mine.acceptance_rate if mine else None,
+                "stable_acceptance_rate": theirs.acceptance_rate if theirs else None,
+                "mean_acceptance_length": mine.mean_acceptance_length if mine else None,
+                "draft_tokens": mine.draft_tokens if mine else None,
+            }
+        )
+    measured, stable = judgement.measured, judgement.stable_measured
+    if measured is None:
+        return record
+    return record.model_copy(
+        update={
+            "acceptance_rate": _rounded(measured.acceptance_rate),
+            "stable_acceptance_rate": _rounded(stable.acceptance_rate) if stable else None,
+            "mean_acceptance_length": _rounded(measured.tokens_per_step),
+            "draft_tokens": int(measured.draft_tokens),
+            "step_seconds": _rounded(measured.step_seconds, 5),
+            "time_per_output_token_seconds": _rounded(judged.time_per_output_token, 5),
+            "stable_time_per_output_token_seconds": _rounded(
+                judged.stable_time_per_output_token, 5
+            ),
+            "time_to_first_token_seconds": _rounded(measured.time_to_first_token, 4),
+            "stable_time_to_first_token_seconds": (
+                _rounded(stable.time_to_first_token, 4) if stable else None
+            ),
+            "error_rate": _rounded(measured.error_rate, 4),
+            "stable_error_rate": _rounded(stable.error_rate, 4) if stable else None,
+            "batch_size": _rounded(measured.batch_size, 2),
+            "stable_batch_size": _rounded(stable.batch_size, 2) if stable else None,
+        }
     )
 
 
@@ -327,8 +505,12 @@ def _serving_figures(
 ) -> tuple[float | None, float | None, str | None]:
     """(acceptance rate, mean acceptance length, when they last changed) of the stable revision,
     refreshed at most once per `figures_every_seconds`, and only when they changed, so steady
-    traffic is not a status write on every reconcile."""
+    traffic is not a status write on every reconcile. None at once when the stable revision
+    serves the target alone: no acceptance is the truth, not the last pair's figure."""
     kept = (current.acceptance_rate, current.mean_acceptance_length, current.measured_at)
+    stable = next((r for r in seen.revisions if r.revision == seen.plan.stable_revision), None)
+    if stable is not None and (stable.pair.get("draft") or {}).get("method") == "none":
+        return (None, None, current.measured_at if kept[:2] == (None, None) else now)
     measured = seen.measurements.get(seen.plan.stable_revision or "")
     if measured is None or measured.error is not None:
         return kept
@@ -348,7 +530,7 @@ def _seconds_between(earlier: str, later: str) -> float:
     return (end - start).total_seconds()
 
 
-def _degraded_update(seen: ObservedRollout) -> ConditionUpdate:
+def _degraded_update(seen: ObservedRollout, stop: Stop | None) -> ConditionUpdate:
     collapse = seen.collapse.state
     if seen.collapse.fired and collapse is not None:
         return ConditionUpdate(
@@ -357,10 +539,8 @@ def _degraded_update(seen: ObservedRollout) -> ConditionUpdate:
             Reason.ACCEPTANCE_COLLAPSED,
             f"{collapse.message}; {collapse.action}",
         )
-    if seen.rolled_back:
-        return ConditionUpdate(
-            ConditionType.DEGRADED, "True", Reason.ROLLED_BACK, _rollback_detail(seen)
-        )
+    if stop is not None:
+        return ConditionUpdate(ConditionType.DEGRADED, "True", stop.reason, stop.detail)
     if _refused_desired(seen):
         return ConditionUpdate(
             ConditionType.DEGRADED, "True", _refusal_reason(seen), _refusal_detail(seen)
@@ -382,7 +562,8 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
         sized = ConditionUpdate(
             ConditionType.SIZED, "False", Reason.UNSCHEDULABLE, seen.sizing_problem or ""
         )
-    ready = _ready_update(sd, seen)
+    stop = _stopped(seen, current.revisions)
+    ready = _ready_update(sd, seen, stop)
     speculating = ConditionUpdate(
         ConditionType.SPECULATING,
         "True" if seen.speculation.state == "Enabled" else "False",
@@ -393,8 +574,8 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
         current.conditions,
         [
             ready,
-            _progressing_update(seen),
-            _degraded_update(seen),
+            _progressing_update(seen, stop),
+            _degraded_update(seen, stop),
             sized,
             seen.admission,
             speculating,
@@ -408,19 +589,24 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
     acceptance, length, measured_at = _serving_figures(seen, current, now)
     status = SpeculativeDeploymentStatus(
         observed_generation=generation,
-        phase=_phase(ready, seen),
+        phase=_phase(ready, seen, stop),
         conditions=conditions,
         stable_revision=seen.plan.stable_revision,
-        canary_revision=(
-            seen.desired_revision if seen.plan.canary and not seen.rolled_back else None
-        ),
+        canary_revision=(seen.desired_revision if seen.plan.canary and stop is None else None),
         analysis=seen.canary.state,
+        progress=(
+            RolloutProgress(revision=seen.desired_revision, since=seen.since)
+            if seen.desired_revision is not None and seen.since is not None
+            else None
+        ),
         collapse=seen.collapse.state,
         autotune=seen.autotune,
         acceptance_rate=acceptance,
         mean_acceptance_length=length,
         measured_at=measured_at,
-        revisions=_revision_history(seen, sd.spec.revision_history_limit, current.revisions, now),
+        revisions=_revision_history(
+            seen, sd.spec.revision_history_limit, current.revisions, now, stop
+        ),
         speculation=seen.speculation,
         sizing=seen.sizing,
         replicas=pods,
@@ -435,6 +621,7 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
         "stableRevision",
         "canaryRevision",
         "analysis",
+        "progress",
         "collapse",
         "autotune",
         "acceptanceRate",

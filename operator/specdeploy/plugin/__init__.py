@@ -1,0 +1,1 @@
+"""`kubectl specdeploy`: the verbs a person steers a rollout with, acting through the SD's API."""

@@ -1,0 +1,320 @@
+"""A canary's life: its probe, a person's requests, its deadlines (plan.rollout.lifecycle)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from specdeploy.api.config import AnalysisSettings
+from specdeploy.api.models import AnalysisStatus, ProbeFigures
+from specdeploy.plan.rollout.analysis import Measurement, Outcome
+from specdeploy.plan.rollout.canary import (
+    DEADLINE_MARGIN,
+    PROBE_POLL,
+    CanaryDecision,
+    wake_moments,
+)
+from specdeploy.plan.rollout.lifecycle import (
+    CanaryJudgement,
+    CanaryView,
+    EndReason,
+    PersonRequests,
+    Stage,
+    judge_canary,
+)
+from vllm_windows import figures
+
+START = datetime(2026, 11, 26, 8, 0, tzinfo=UTC)
+SETTINGS = AnalysisSettings(interval="10s", min_draft_tokens=100)
+GOOD = figures(0.8, 3.4, 0.010)
+TARGET_ALONE = figures(None, 1.0, 0.008)
+
+
+def probe(acceptance: float | None, prompt_set: str = "p1", **changes: object) -> ProbeFigures:
+    values: dict[str, object] = {
+        "prompt_set": prompt_set,
+        "prompts": 8,
+        "pods": 1,
+        "complete": True,
+        "requests": 8,
+        "errors": 0,
+        "output_tokens": 512,
+        "draft_tokens": 600 if acceptance is not None else 0,
+        "acceptance_rate": acceptance,
+        "mean_acceptance_length": None if acceptance is None else 1 + 3 * acceptance,
+        "tokens_per_step": 1.0 if acceptance is None else 1 + 3 * acceptance,
+    }
+    values.update(changes)
+    return ProbeFigures.model_validate(values)
+
+
+def view(
+    *, ready: bool = True, containers_ready: bool = True, since: datetime = START
+) -> CanaryView:
+    return CanaryView(
+        revision="canary",
+        since_seconds=since.timestamp(),
+        ready=ready,
+        containers_ready=containers_ready,
+        has_draft=True,
+        ready_pods=1 if ready else 0,
+    )
+
+
+class Run:
+    """One canary judged reconcile after reconcile, its status carried over like status is."""
+
+    def __init__(
+        self,
+        *,
+        probe_configured: bool = False,
+        settings: AnalysisSettings = SETTINGS,
+        deadline: float = 1800,
+    ) -> None:
+        self.state: AnalysisStatus | None = None
+        self.now = START
+        self.probe_configured = probe_configured
+        self.settings = settings
+        self.deadline = deadline
+        self.judgements: list[CanaryJudgement] = []
+
+    def step(
+        self,
+        seconds: float = 0,
+        *,
+        canary: CanaryView | None = None,
+        measured: dict[str, Measurement] | None = None,
+        probes: dict[str, ProbeFigures] | None = None,
+        requests: PersonRequests | None = None,
+    ) -> CanaryJudgement:
+        self.now += timedelta(seconds=seconds)
+        judgement = judge_canary(
+            self.state,
+            canary=canary or view(),
+            stable="stable",
+            stable_has_draft=True,
+            measurements=measured if measured is not None else {"canary": GOOD, "stable": GOOD},
+            probes=probes or {},
+            probe_configured=self.probe_configured,
+            requests=requests or PersonRequests(),
+            settings=self.settings,
+            deadline_seconds=self.deadline,
+            now=self.now,
+        )
+        self.state = judgement.state
+        self.judgements.append(judgement)
+        return judgement
+
+
+def test_a_good_canary_is_promoted_after_its_passes_and_takes_requests_all_along() -> None:
+    run = Run()
+    first = run.step()
+    assert first.state is not None
+    assert first.state.stage == Stage.LIVE
+    assert first.open_gate
+    outcomes = [run.step(10).outcome for _ in range(3)]
+    assert outcomes == [Outcome.CONTINUE, Outcome.CONTINUE, Outcome.PROMOTE]
+    assert run.state is not None
+    assert run.state.reason == EndReason.ANALYSIS
+
+
+def test_a_failed_stable_query_never_promotes_and_the_hold_ends_at_the_limit() -> None:
+    run = Run(settings=SETTINGS.model_copy(update={"inconclusive_limit": 4}))
+    run.step()
+    broken = {"canary": GOOD, "stable": Measurement(error="timed out")}
+    outcomes = [run.step(10, measured=broken).outcome for _ in range(4)]
+    assert outcomes == [Outcome.HOLD, Outcome.HOLD, Outcome.HOLD, Outcome.ROLLBACK]
+    assert run.state is not None
+    assert run.state.reason == EndReason.INCONCLUSIVE_LIMIT
+    assert run.state.message.startswith("4 inconclusive verdicts in a row (inconclusiveLimit 4)")
+    assert "the stable's figures could not be read: timed out" in run.state.message
+
+
+def test_a_canary_that_never_gets_ready_is_rolled_back_at_its_deadline() -> None:
+    run = Run(deadline=600)
+    waiting = view(ready=False, containers_ready=False)
+    assert run.step(canary=waiting).outcome is None
+    assert run.step(599, canary=waiting).outcome is None
+    late = run.step(2, canary=waiting)
+    assert late.outcome == Outcome.ROLLBACK
+    assert late.source == "Deadline"
+    assert late.state is not None
+    assert late.state.reason == EndReason.PROGRESS_DEADLINE
+    assert late.state.message == (
+        "progress deadline of 600s exceeded after 601s: 0/1 canary pods ready"
+    )
+
+
+def test_the_deadline_counts_until_the_first_conclusive_verdict_only() -> None:
+    run = Run(deadline=30)
+    run.step()
+    assert run.step(10).outcome == Outcome.CONTINUE  # a pass: judged
+    nothing = {"canary": Measurement(), "stable": GOOD}
+    assert run.step(30, measured=nothing).outcome == Outcome.HOLD  # past 30 s, but judged
+    # Never judged: only inconclusive verdicts until the deadline.
+    run = Run(deadline=30)
+    run.step()
+    assert run.step(10, measured=nothing).outcome == Outcome.HOLD
+    late = run.step(30, measured=nothing)
+    assert late.outcome == Outcome.ROLLBACK
+    assert late.state is not None
+    assert late.state.reason == EndReason.PROGRESS_DEADLINE
+    assert "no conclusive verdict" in late.state.message
+
+
+def test_a_bad_draft_is_rolled_back_on_the_probe_before_its_gate_opens() -> None:
+    run = Run(probe_configured=True)
+    probed = view(ready=False, containers_ready=True)
+    # Its pods ran the probe; Prometheus has not scraped the figures yet: wait, gate closed.
+    waiting = run.step(canary=probed)
+    assert waiting.state is not None
+    assert waiting.state.stage == Stage.PROBE
+    assert not waiting.open_gate
+    assert waiting.outcome is None
+    judged = run.step(2, canary=probed, probes={"canary": probe(0.02), "stable": probe(0.8)})
+    assert judged.outcome == Outcome.ROLLBACK
+    assert not judged.open_gate
+    assert judged.source == "Probe"
+    assert judged.state is not None
+    assert judged.state.message.startswith("probe: acceptance 0.02 < 0.60 on the probe's 8 prompts")
+    assert judged.state.failures >= SETTINGS.failure_limit
+
+
+def test_a_draft_as_good_as_the_stable_s_on_the_probe_opens_its_gate_and_goes_live() -> None:
+    run = Run(probe_configured=True)
+    probed = view(ready=False, containers_ready=True)
+    judged = run.step(canary=probed, probes={"canary": probe(0.8), "stable": probe(0.82)})
+    assert judged.open_gate
+    assert judged.outcome is None
+    assert judged.state is not None
+    assert judged.state.stage == Stage.LIVE
+    assert judged.state.judged_at is not None
+    assert judged.verdict is not None
+    assert judged.verdict.message == (
+        "probe: acceptance 0.80 on the probe's 8 prompts; the stable's 0.82 on the same prompts"
+    )
+    # Live verdicts count from the gate's opening.
+    outcomes = [run.step(10).outcome for _ in range(3)]
+    assert outcomes[-1] == Outcome.PROMOTE
+
+
+@pytest.mark.parametrize(
+    ("stable", "why"),
+    [
+        (None, "the stable ran no probe"),
+        (probe(0.8, prompt_set="other"), "the stable ran another prompt set"),
+        (probe(0.8, complete=False), "the stable's probe was incomplete"),
+    ],
+)
+def test_a_probe_that_cannot_be_compared_opens_the_gate_and_live_traffic_decides(
+    stable: ProbeFigures | None, why: str
+) -> None:
+    run = Run(probe_configured=True)
+    probes = {"canary": probe(0.75)} | ({"stable": stable} if stable else {})
+    judged = run.step(canary=view(ready=False), probes=probes)
+    assert judged.open_gate
+    assert judged.verdict is not None
+    assert why in judged.verdict.message
+    assert judged.state is not None
+    assert judged.state.judged_at is None
+
+
+def test_the_probe_fails_a_drop_below_the_stable_on_the_same_prompts_and_errors() -> None:
+    run = Run(probe_configured=True)
+    dropped = run.step(
+        canary=view(ready=False), probes={"canary": probe(0.65), "stable": probe(0.9)}
+    )
+    assert dropped.outcome == Outcome.ROLLBACK
+    assert dropped.verdict is not None
+    assert "0.25 below the stable's 0.90 on the same prompts" in (dropped.verdict.message)
+    run = Run(probe_configured=True)
+    failing = probe(0.8, errors=4)
+    erred = run.step(canary=view(ready=False), probes={"canary": failing, "stable": probe(0.8)})
+    assert erred.outcome == Outcome.ROLLBACK
+    assert erred.verdict is not None
+    assert "errors on 50% of the probe's 8 requests" in erred.verdict.message
+
+
+def test_a_person_aborts_promotes_skips_the_probe_or_pauses() -> None:
+    aborted = Run().step(requests=PersonRequests(abort="canary"))
+    assert aborted.outcome == Outcome.ROLLBACK
+    assert aborted.state is not None
+    assert aborted.state.reason == EndReason.ABORTED
+    promoted = Run().step(requests=PersonRequests(promote="canary"))
+    assert promoted.outcome == Outcome.PROMOTE
+    assert promoted.open_gate
+    # A request for another revision (an earlier canary) is not for this one.
+    assert Run().step(requests=PersonRequests(abort="earlier")).outcome == Outcome.CONTINUE
+
+    run = Run(probe_configured=True)
+    probed = view(ready=False)
+    assert not run.step(canary=probed).open_gate
+    skipped = run.step(canary=probed, requests=PersonRequests(promote="canary/probe"))
+    assert skipped.open_gate
+    assert skipped.state is not None
+    assert skipped.state.stage == Stage.LIVE
+
+    run = Run(deadline=30)
+    run.step()
+    pause = PersonRequests(pause="canary")
+    paused = [run.step(10, requests=pause) for _ in range(5)]
+    assert all(p.verdict is None and p.outcome == Outcome.HOLD for p in paused)
+    assert run.state is not None
+    assert run.state.paused
+    assert run.state.last_interval == -1
+    # Resumed: judged again from the interval that closes next, no deadline counted meanwhile.
+    resumed = run.step(10)
+    assert resumed.verdict is not None
+    assert resumed.outcome == Outcome.CONTINUE
+    assert run.state is not None
+    assert not run.state.paused
+
+
+def test_the_operator_wakes_for_a_canary_s_deadline_and_polls_for_its_probe() -> None:
+    def decision(state: AnalysisStatus | None, canary: str | None = "canary") -> CanaryDecision:
+        return CanaryDecision(
+            recorded_stable="stable",
+            stable="stable",
+            canary=canary,
+            canary_replicas=1,
+            judgement=CanaryJudgement(state=state),
+            held=frozenset(),
+            since="2026-11-26T08:00:00Z",
+            desired="canary",
+        )
+
+    starting = AnalysisStatus(
+        revision="canary", started_at="2026-11-26T08:00:00Z", stage="Starting"
+    )
+    deadline, poll = wake_moments(decision(starting), 600, START)
+    assert deadline == START + timedelta(seconds=600) + DEADLINE_MARGIN
+    assert poll is None
+    probing = starting.model_copy(update={"stage": Stage.PROBE})
+    _, poll = wake_moments(decision(probing), 600, START)
+    assert poll == START + PROBE_POLL
+    judged = starting.model_copy(update={"stage": Stage.LIVE, "judged_at": "2026-11-26T08:01:00Z"})
+    assert wake_moments(decision(judged), 600, START) == (None, None)
+    # A plain new revision (no canary) beside the stable: its deadline too.
+    plain, _ = wake_moments(decision(None, canary=None), 600, START)
+    assert plain == START + timedelta(seconds=600) + DEADLINE_MARGIN
+
+
+def test_a_revision_asked_for_again_is_judged_afresh_not_by_its_old_promotion() -> None:
+    old = AnalysisStatus(
+        revision="canary",
+        started_at="2026-11-26T07:00:00Z",
+        stage=Stage.LIVE,
+        outcome="Promote",
+        reason="Analysis",
+    )
+    run = Run()
+    run.state = old
+    again = run.step(canary=view(ready=False, containers_ready=False, since=START))
+    assert again.outcome is None
+    assert again.state is not None
+    assert (again.state.stage, again.state.outcome) == (Stage.STARTING, "Continue")
+    # The analysis of this turn, once final, stands.
+    run = Run()
+    run.state = old.model_copy(update={"started_at": "2026-11-26T08:00:00Z"})
+    assert run.step().outcome == Outcome.PROMOTE
