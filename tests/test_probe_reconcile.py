@@ -8,6 +8,7 @@ from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.rollout.probe import ProbeResult
+from specdeploy.plan.status.report import VERDICTS_KEPT
 from test_canary import GOOD, NOTHING, World
 from vllm_windows import figures
 
@@ -106,6 +107,17 @@ def started() -> tuple[ProbedWorld, str]:
     return world, stable
 
 
+def live_after_a_passed_probe() -> tuple[ProbedWorld, str, str]:
+    """A canary whose probe (0.78 against the stable's 0.8) passed: its gate open."""
+    world, stable = started()
+    _, canary = world.new_draft("r2")
+    world.pod(canary)
+    world.probes[canary] = probed(0.78)
+    world.step()
+    assert world.gate_open(canary)
+    return world, stable, canary
+
+
 def test_a_bad_draft_is_rolled_back_on_its_probe_and_never_takes_a_request() -> None:
     world, stable = started()
     _, canary = world.new_draft("r2")
@@ -132,12 +144,7 @@ def test_a_bad_draft_is_rolled_back_on_its_probe_and_never_takes_a_request() -> 
 
 
 def test_a_good_draft_passes_its_probe_its_gate_opens_and_live_traffic_promotes_it() -> None:
-    world, stable = started()
-    _, canary = world.new_draft("r2")
-    world.pod(canary)
-    world.probes[canary] = probed(0.78)
-    world.step()
-    assert world.gate_open(canary)
+    world, stable, canary = live_after_a_passed_probe()
     assert world.status["analysis"]["stage"] == "Live"
     # Live: the canary's traffic has another prompt mix (0.6 accepted, not the stable's 0.8),
     # but the drop was judged on the probe's identical prompts; per token, each revision's
@@ -150,3 +157,20 @@ def test_a_good_draft_passes_its_probe_its_gate_opens_and_live_traffic_promotes_
     assert [v["source"] for v in record["verdicts"]] == ["Probe", "Live", "Live"]
     assert "on the probe's tokens per step" in record["verdicts"][1]["message"]
     assert record["probe"]["promptSet"] == "p1"
+
+
+def test_the_probe_verdict_stays_in_status_after_many_live_windows() -> None:
+    world, stable, canary = live_after_a_passed_probe()
+    # Windows too thin to judge, more than status keeps of a revision: the canary holds.
+    world.measured = {stable: GOOD, canary: NOTHING}
+    for _ in range(VERDICTS_KEPT + 3):
+        world.step(10)
+    [record] = [r for r in world.status["revisions"] if r["revision"] == canary]
+    verdicts = record["verdicts"]
+    assert len(verdicts) == VERDICTS_KEPT
+    assert (verdicts[0]["source"], verdicts[0]["result"]) == ("Probe", "Pass")
+    intervals = [v["interval"] for v in verdicts[1:]]
+    assert intervals == sorted(intervals)
+    assert len(set(intervals)) == VERDICTS_KEPT - 1
+    assert {v["result"] for v in verdicts[1:]} == {"Inconclusive"}
+    assert intervals[-1] == VERDICTS_KEPT + 2, "the newest window kept"

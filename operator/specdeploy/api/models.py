@@ -1121,7 +1121,9 @@ class RevisionStatus(ApiModel):
         default=None, json_schema_extra={"format": "date-time"}, description="First seen."
     )
     verdicts: list[Verdict] = Field(
-        default_factory=list, max_length=64, description="Latest verdicts, newest last."
+        default_factory=list,
+        max_length=64,
+        description="Its probe verdict and the latest others (10 in all), oldest first.",
     )
     probe: ProbeFigures | None = Field(
         default=None, description="What its pods measured on the probe's prompts, if any."

@@ -429,18 +429,32 @@ def _revision_history(
                 ),
                 phase=phase,
                 created_at=revision.created or None,
-                verdicts=[
-                    *(before.verdicts if before is not None else []),
-                    *([verdict] if verdict and desired else []),
-                ][-VERDICTS_KEPT:],
+                verdicts=kept_verdicts(
+                    [
+                        *(before.verdicts if before is not None else []),
+                        *([verdict] if verdict and desired else []),
+                    ]
+                ),
                 probe=seen.probes.get(revision.revision) or (before.probe if before else None),
             )
         )
     return records[-(history_limit + 1) :]
 
 
-# Verdicts kept per revision in status.revisions (the newest).
+# Verdicts kept per revision in status.revisions: the probe's and the newest others.
 VERDICTS_KEPT = 10
+
+
+def kept_verdicts(verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """The verdicts status keeps of a revision, oldest first: its probe verdict, taken once on
+    the prompts every revision ran and never repeated, and the newest of the others, at most
+    VERDICTS_KEPT in all (a canary held on many inconclusive windows keeps what its probe
+    found)."""
+    first = next((i for i, v in enumerate(verdicts) if v.source == "Probe"), None)
+    if first is None:
+        return list(verdicts[-VERDICTS_KEPT:])
+    others = [v for i, v in enumerate(verdicts) if i != first]
+    return [verdicts[first], *others[1 - VERDICTS_KEPT :]]
 
 
 def _verdict_record(seen: ObservedRollout, now: str) -> Verdict | None:
