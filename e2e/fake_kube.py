@@ -213,6 +213,9 @@ class FakeKube:
         self._set_by_others: dict[Key, set[FieldPath]] = {}
         #: The Kueue WorkloadPriorityClasses that exist (all names, when None).
         self.priority_classes: set[str] | None = None
+        #: MutatingWebhookConfigurations, and whether Kueue's Workload CRD exists.
+        self.webhook_configurations: list[dict[str, Any]] = []
+        self.kueue_installed = True
         self._versions = itertools.count(1)
         self._created = itertools.count(1)
 
@@ -268,6 +271,9 @@ class FakeKube:
 
     def has_pod_monitor_crd(self) -> bool:
         return self.pod_monitor_crd
+
+    def read_kueue_webhooks(self, workload_crd: str) -> tuple[list[dict[str, Any]], bool]:
+        return copy.deepcopy(self.webhook_configurations), self.kueue_installed
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
         return copy.deepcopy(self.objects.get((kind, namespace, name)))

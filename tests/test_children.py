@@ -388,3 +388,55 @@ def test_the_engine_pod_passes_pod_security_restricted(sd: SpeculativeDeployment
         context = container["securityContext"]
         assert context["allowPrivilegeEscalation"] is False
         assert context["capabilities"] == {"drop": ["ALL"]}
+
+
+# --- fit for a real cluster: service links, token, start and stop ----------------------------
+
+
+def test_engine_pods_get_no_service_links_and_no_token(sd: SpeculativeDeployment) -> None:
+    spec = _pod(sd)["spec"]
+    # An SD named `vllm` would otherwise hand vLLM VLLM_PORT=tcp://<ip>:8000.
+    assert spec["enableServiceLinks"] is False
+    assert spec["automountServiceAccountToken"] is False
+    with_account = _pod(_with(pod={"serviceAccountName": "reader"}))["spec"]
+    assert with_account["automountServiceAccountToken"] is False
+
+
+def _startup(pod: dict[str, Any]) -> dict[str, Any]:
+    probe: dict[str, Any] = _engine({"spec": {"template": pod}})["startupProbe"]
+    assert probe["httpGet"] == {"path": "/health", "port": "http"}
+    return probe
+
+
+def test_the_startup_probe_allows_for_the_weights_download_and_load(
+    sd: SpeculativeDeployment,
+) -> None:
+    # 600 s + (14.96 + 0.78) GiB x (2 s load + 10 s download) = 789 s -> 79 periods of 10 s.
+    probe = _startup(_pod(sd))
+    assert (probe["periodSeconds"], probe["failureThreshold"]) == (10, 79)
+    # From a volume: no download. 600 + 15.74 x 2 = 632 s -> 64.
+    from_volume = _startup(_pod(_with(modelSource={"pvc": {"claimName": "models"}})))
+    assert from_volume["failureThreshold"] == 64
+    # Weights unknown: the base, 600 s.
+    assert _startup(_pod(sd, SIZING))["failureThreshold"] == 60
+    # The spec's own budget wins, and is part of the revision.
+    pinned = _with(engine={**BODY["spec"]["engine"], "startupTimeoutSeconds": 3600})
+    assert _startup(_pod(pinned))["failureThreshold"] == 360
+    assert revision_hash(pinned.spec, WEIGHED, OperatorConfig()) != revision_hash(
+        SpeculativeDeployment.from_body(BODY).spec, WEIGHED, OperatorConfig()
+    )
+
+
+def test_a_stopping_pod_leaves_the_service_then_vllm_drains_within_the_grace(
+    sd: SpeculativeDeployment,
+) -> None:
+    pod = _pod(sd)
+    engine = _engine({"spec": {"template": pod}})
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 120
+    assert engine["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    args = engine["args"]
+    assert args[args.index("--shutdown-timeout") + 1] == "110"
+    longer = _pod(_with(engine={**BODY["spec"]["engine"], "terminationGracePeriodSeconds": 600}))
+    assert longer["spec"]["terminationGracePeriodSeconds"] == 600
+    longer_args = _engine({"spec": {"template": longer}})["args"]
+    assert longer_args[longer_args.index("--shutdown-timeout") + 1] == "590"

@@ -269,6 +269,7 @@ def test_rbac_for_listed_namespaces_is_a_role_in_each(helm: Helm) -> None:
     assert {resource for _, resource, _ in cluster_wide} == {
         "nodes",
         "customresourcedefinitions",
+        "mutatingwebhookconfigurations",
         "namespaces",
         "workloadpriorityclasses",
     }

@@ -18,6 +18,7 @@ from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.children.manifests import build_revision_child, build_service
 from specdeploy.plan.children.vllm_args import build_vllm_args
+from specdeploy.plan.placement.admission import LWS_NAME_LABEL as LWS_NAME
 from specdeploy.plan.placement.admission import judge_admission
 from specdeploy.plan.placement.gpu_catalog import read_gpu_inventories
 from specdeploy.plan.placement.sizing import (
@@ -310,10 +311,13 @@ def test_a_one_node_revision_stays_a_deployment() -> None:
 
 def test_a_canary_group_waiting_for_quota_says_it_needs_a_whole_group() -> None:
     gated = {
-        "metadata": {"name": "llama405b-chat-new-0"},
+        "metadata": {"name": "llama405b-chat-new-0", "labels": {LWS_NAME: "llama405b-chat-new"}},
         "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]},
     }
-    serving = {"metadata": {"name": "llama405b-chat-old-0"}, "spec": {}}
+    serving = {
+        "metadata": {"name": "llama405b-chat-old-0", "labels": {LWS_NAME: "llama405b-chat-old"}},
+        "spec": {},
+    }
     pending = {
         "metadata": {
             "ownerReferences": [{"kind": "LeaderWorkerSet", "name": "llama405b-chat-new"}]
@@ -535,3 +539,26 @@ def test_ready_counts_groups_of_a_replica_across_nodes() -> None:
     ready = next(c for c in sd_status(kube)["conditions"] if c["type"] == "Ready")
     revision = sd_status(kube)["stableRevision"]
     assert ready["message"] == f"1/1 groups of 2 pods of revision {revision} ready"
+
+
+def test_a_group_pod_counts_as_admitted_by_its_leaderworkersets_workload_and_no_other() -> None:
+    """Kueue admits a group through one Workload owned by the LeaderWorkerSet, none per pod: a
+    running pod of a group whose LeaderWorkerSet has that Workload is admitted; one of a group
+    with none ran outside Kueue's quota."""
+    pod = {
+        "metadata": {"name": "llama405b-chat-old-0", "labels": {LWS_NAME: "llama405b-chat-old"}},
+        "spec": {},
+    }
+    workload = {
+        "metadata": {
+            "ownerReferences": [{"kind": "LeaderWorkerSet", "name": "llama405b-chat-old"}]
+        },
+        "status": {"admission": {"clusterQueue": "interactive"}},
+    }
+    queue = {"spec": {"clusterQueue": "interactive"}}
+    groups = {"llama405b-chat-old"}
+    update = judge_admission("interactive", [pod], [workload], queue, group_sets=groups)
+    assert (update.status, update.reason) == ("True", "Admitted")
+    update = judge_admission("interactive", [pod], [], queue, group_sets=groups)
+    assert (update.status, update.reason) == ("False", "QuotaBypassed")
+    assert "llama405b-chat-old-0" in update.message

@@ -68,6 +68,10 @@ class _Reconciler:
     def __init__(self) -> None:
         self.kube = _Kube()
         self.reconciled: list[tuple[str, str]] = []
+        self.kueue_checks = 0
+
+    def check_kueue(self) -> None:
+        self.kueue_checks += 1
 
     def clock(self) -> datetime:
         return datetime.now(UTC)

@@ -11,6 +11,7 @@ from specdeploy.plan.placement.admission import (
     describe_shortage,
     judge_admission,
 )
+from specdeploy.plan.placement.kueue import KueueWebhooks, read_kueue_webhooks
 from specdeploy.plan.status.report import condition_events
 
 PENDING = (
@@ -54,7 +55,8 @@ def test_admitted_without_a_queue() -> None:
 
 def test_not_admitted_names_the_cluster_queue_and_what_it_lacks() -> None:
     pods = [pod("a", True), pod("b", False)]
-    update = judge_admission("interactive", pods, [workload("a", PENDING)], LOCAL_QUEUE)
+    workloads = [workload("a", PENDING), workload("b", None, "gpu-cq")]
+    update = judge_admission("interactive", pods, workloads, LOCAL_QUEUE)
     assert (update.status, update.reason) == ("False", Reason.WAITING_FOR_QUOTA)
     assert "ClusterQueue gpu-cq" in update.message
     assert "4 nvidia.com/gpu (flavor h100)" in update.message
@@ -138,3 +140,78 @@ def test_waiting_for_quota_is_news_only_after_a_grace() -> None:
     assert not condition_events(
         [], [{"type": "Admitted", "status": "Unknown", "reason": "WaitingForQuota"}]
     )
+
+
+# --- quota that would not hold -----------------------------------------------------------------
+
+
+def test_pods_that_kueue_neither_gates_nor_admitted_bypass_quota() -> None:
+    pods = [pod("a", False), pod("b", False), pod("c", True)]
+    update = judge_admission(
+        "interactive", pods, [workload("a", None, "gpu-cq")], LOCAL_QUEUE, namespace="serving"
+    )
+    assert (update.status, update.reason) == ("False", Reason.QUOTA_BYPASSED)
+    assert update.message.startswith("1 pods run without Kueue's admission (b: ")
+    assert "namespace serving" in update.message
+    # With a Workload of its own, each ungated pod was admitted.
+    admitted = judge_admission(
+        "interactive",
+        pods[:2],
+        [workload("a", None, "gpu-cq"), workload("b", None, "gpu-cq")],
+        LOCAL_QUEUE,
+    )
+    assert (admitted.status, admitted.reason) == ("True", Reason.ADMITTED)
+
+
+def mutating(name: str, *hooks: tuple[str, str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": hook,
+                "clientConfig": {"service": {"name": "kueue-webhook-service"}},
+                "rules": [
+                    {"apiGroups": [group], "resources": [resource], "operations": ["CREATE"]}
+                ],
+            }
+            for hook, group, resource in hooks
+        ],
+    }
+
+
+POD_HOOK = ("mpod.kb.io", "", "pods")
+DEPLOYMENT_HOOK = ("mdeployment.kb.io", "apps", "deployments")
+
+
+def test_kueue_webhooks_are_found_by_name_rule_and_owner() -> None:
+    both = read_kueue_webhooks(
+        [mutating("kueue-mutating-webhook-configuration", POD_HOOK, DEPLOYMENT_HOOK)], True
+    )
+    assert both == KueueWebhooks(
+        True, "kueue-mutating-webhook-configuration", "kueue-mutating-webhook-configuration"
+    )
+    assert both.bypassed_because is None
+    assert "confirm" in both.describe()
+    # Another project's kubebuilder webhook of the same name is not Kueue's.
+    foreign = mutating("other-webhooks", DEPLOYMENT_HOOK)
+    foreign["webhooks"][0]["clientConfig"] = {"service": {"name": "other"}}
+    only_pods = read_kueue_webhooks([mutating("kueue-x", POD_HOOK), foreign], True)
+    assert only_pods.deployments is None
+    assert only_pods.bypassed_because == (
+        "Kueue's mutating webhook for Deployments (mdeployment.kb.io) is not registered"
+    )
+    assert read_kueue_webhooks([], False).bypassed_because == (
+        "Kueue is not installed (no CustomResourceDefinition workloads.kueue.x-k8s.io)"
+    )
+
+
+def test_quota_that_would_be_bypassed_is_said_before_pods_exist() -> None:
+    kueue = read_kueue_webhooks([mutating("kueue-x", POD_HOOK)], True)
+    update = judge_admission("interactive", [], [], LOCAL_QUEUE, kueue=kueue)
+    assert (update.status, update.reason) == ("False", Reason.QUOTA_BYPASSED)
+    assert update.message == (
+        "Kueue's mutating webhook for Deployments (mdeployment.kb.io) is not registered, so "
+        "LocalQueue interactive does not hold back pods: they would bypass quota"
+    )
+    # Without a queue nothing is bypassed.
+    assert judge_admission(None, [], [], None, kueue=kueue).reason == Reason.NO_QUEUE

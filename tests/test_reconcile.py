@@ -119,6 +119,40 @@ def test_a_new_draft_revision_rolls_forward_only_once_ready() -> None:
     assert status(kube)["stableRevision"] == second.removeprefix("chat-")
 
 
+class PodsAskedFor(FakeKube):
+    """Records how many pods the revision Deployments ask for after every write."""
+
+    def __init__(self) -> None:
+        super().__init__(NODES)
+        self.asked: list[int] = []
+
+    def apply(self, manifest: Any) -> None:
+        super().apply(manifest)
+        self.asked.append(sum(self.deployments().values()))
+
+
+def test_with_max_surge_no_write_asks_for_more_pods_than_replicas_plus_the_surge() -> None:
+    body = sd_body("r1", replicas=3)
+    body["spec"]["rollout"] = {"maxSurge": 1}
+    kube = PodsAskedFor()
+    _, reconciler, _ = setup(body, kube)
+    reconciler.reconcile("ns", "chat")
+    kube.make_ready()
+    reconciler.reconcile("ns", "chat")
+    [first] = kube.deployments()
+
+    body["spec"]["pair"]["draft"]["revision"] = "r2"
+    kube.asked.clear()
+    for _ in range(6):
+        reconciler.reconcile("ns", "chat")
+        kube.make_ready()
+    second = next(n for n in kube.deployments() if n != first)
+    assert kube.deployments() == {first: 0, second: 3}
+    # Step by step (the stable one shrinks before the new one grows): at most 3 + 1 at any
+    # moment between two writes.
+    assert max(kube.asked) == 4, kube.asked
+
+
 def test_a_missing_workload_priority_class_is_named_in_admitted_until_it_exists() -> None:
     body = sd_body()
     body["spec"]["placement"]["priorityClass"] = "urgent"
@@ -270,3 +304,52 @@ def test_a_spec_change_while_the_mig_node_is_cordoned_is_sized_afresh() -> None:
     reconciler.reconcile("ns", "chat")
     assert len(kube.deployments()) == 2
     assert status(kube)["sizing"]["resourceName"] == "nvidia.com/gpu"
+
+
+def kueue_webhooks(*names: str) -> list[dict[str, Any]]:
+    rules = {
+        "mpod.kb.io": ("", "pods"),
+        "mdeployment.kb.io": ("apps", "deployments"),
+    }
+    return [
+        {
+            "metadata": {"name": "kueue-mutating-webhook-configuration"},
+            "webhooks": [
+                {
+                    "name": name,
+                    "rules": [
+                        {
+                            "apiGroups": [rules[name][0]],
+                            "resources": [rules[name][1]],
+                            "operations": ["CREATE", "UPDATE"],
+                        }
+                    ],
+                }
+                for name in names
+            ],
+        }
+    ]
+
+
+def test_quota_that_kueue_would_not_enforce_is_logged_at_start_and_named_in_admitted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    kube, reconciler, events = setup(sd_body())
+    kube.webhook_configurations = kueue_webhooks("mpod.kb.io")
+    with caplog.at_level("INFO", logger="specdeploy.reconcile"):
+        reconciler.check_kueue()
+    assert "quota would be bypassed: Kueue's mutating webhook for Deployments" in caplog.text
+    reconciler.reconcile("ns", "chat")
+    admitted = condition(kube, "Admitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", "QuotaBypassed")
+    assert "LocalQueue interactive does not hold back pods" in admitted["message"]
+    assert ("QuotaBypassed", f"Admitted=False: {admitted['message']}") in events
+
+    # Kueue's webhooks back: the next look (a resync) takes the claim back.
+    kube.webhook_configurations = kueue_webhooks("mpod.kb.io", "mdeployment.kb.io")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="specdeploy.reconcile"):
+        reconciler.check_kueue()
+    assert "are registered" in caplog.text
+    reconciler.reconcile("ns", "chat")
+    assert condition(kube, "Admitted")["reason"] != "QuotaBypassed"

@@ -14,7 +14,12 @@ from typing import Any
 
 from specdeploy.adapters import watch_cache
 from specdeploy.handlers.work_queue import Backoff, WorkQueue
-from specdeploy.handlers.workers import enqueue_every_round, reconcile_from, relist_from
+from specdeploy.handlers.workers import (
+    call_every,
+    enqueue_every_round,
+    reconcile_from,
+    relist_from,
+)
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 Key = tuple[str, str]
@@ -239,6 +244,32 @@ def test_a_kind_to_relist_is_listed_and_listed_again_each_resync() -> None:
         await until(
             lambda: len(refreshed) == 3 + len(watch_cache.KINDS), "every kind at the resync"
         )
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_periodic_call_comes_every_interval_and_outlives_a_failure() -> None:
+    ticks: asyncio.Queue[None] = asyncio.Queue()
+    calls = 0
+
+    def check() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OSError("the API unreachable")
+
+    async def sleep(_: float) -> None:
+        await ticks.get()
+
+    async def main() -> None:
+        task = asyncio.create_task(call_every(check, 300, sleep=sleep))
+        await asyncio.sleep(0.05)
+        assert calls == 0, "nothing before the first interval"
+        await ticks.put(None)
+        await until(lambda: calls == 1, "the first call (it fails)")
+        await ticks.put(None)
+        await until(lambda: calls == 2, "the next call all the same")
         task.cancel()
 
     asyncio.run(main())

@@ -42,7 +42,7 @@ CONFIG: dict[str, Any] = {"engineImage": "specdeploy/engine:0.1.0", "batchQueues
 
 # Hand-frozen: if this changes, every running SpeculativeDeployment would roll out new pods on
 # an operator upgrade. Change it only together with HASH_SCHEMA.
-EXPECTED_HASH = "4f63ed4125"
+EXPECTED_HASH = "04140c8996"
 
 
 def _hash(
@@ -191,6 +191,11 @@ def test_the_ephemeral_storage_of_downloaded_weights_is_in_the_hash() -> None:
     }
     # A hub download requests ephemeral storage sized from the weights: other pods.
     assert _hash(SPEC, weighed) != _hash(SPEC)
-    # Weights read from a volume are not downloaded: the pods (and the hash) are as before.
+    # Weights read from a volume are not downloaded: no storage request, only their load time
+    # in the startup probe's budget (600 s + 2 s/GiB); weights that leave it where it was
+    # leave the pods (and the hash) as before.
     on_volume = _changed("modelSource", {"pvc": {"claimName": "models"}})
-    assert _hash(on_volume, weighed) == _hash(on_volume)
+    heavier = copy.deepcopy(weighed)
+    heavier["memory"]["targetWeightsGiB"] = 15.5
+    assert _hash(on_volume, heavier) == _hash(on_volume, weighed)
+    assert _hash(SPEC, heavier) != _hash(SPEC, weighed)

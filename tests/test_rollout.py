@@ -138,3 +138,48 @@ def test_read_revision_deployment_and_pod_counts() -> None:
     assert state.pair == {"version": "3.1"}
     assert pods_of([state]) == (2, 1)
     assert read_revision_deployment({"metadata": {"name": "x"}}) is None
+
+
+def test_with_a_surge_limit_the_new_revision_replaces_the_stable_one_step_by_step() -> None:
+    old = rev("old", 4, 4, "2026-01-01T00:00:00Z")
+    steps = []
+    for ready_new in range(5):
+        existing = [old] if ready_new == 0 else [old, rev("new", 4, ready_new, "2026-01-02")]
+        plan = plan_rollout("new", existing, 4, "old", 5, max_surge=1)
+        steps.append((plan.replicas["new"], plan.replicas["old"]))
+        # Never more than replicas + maxSurge pods; as many ready as replicas all along.
+        assert plan.replicas["new"] + plan.replicas["old"] <= 5
+        assert ready_new + plan.replicas["old"] >= 4
+        old = rev("old", plan.replicas["old"], plan.replicas["old"], "2026-01-01T00:00:00Z")
+    assert steps == [(1, 4), (2, 3), (3, 2), (4, 1), (4, 0)]
+    assert plan.desired_ready
+    assert plan.stable_revision == "new"
+    assert [e.reason for e in plan.events] == [Reason.ROLLOUT_COMPLETE]
+
+
+def test_a_surge_of_two_and_a_surge_beyond_the_replicas() -> None:
+    old = rev("old", 4, 4, "2026-01-01T00:00:00Z")
+    plan = plan_rollout("new", [old, rev("new", 2, 1, "2026-01-02")], 4, "old", 5, max_surge=2)
+    assert plan.replicas == {"new": 3, "old": 3}
+    wide = plan_rollout("new", [old], 4, "old", 5, max_surge=8)
+    assert wide.replicas == {"new": 4, "old": 4}
+
+
+def test_a_surge_limit_leaves_the_first_revision_and_a_canary_alone() -> None:
+    first = plan_rollout("new", [], 4, None, 5, max_surge=1)
+    assert first.replicas == {"new": 4}
+    old = rev("old", 4, 4, "2026-01-01T00:00:00Z")
+    canary = plan_rollout("new", [old], 4, "old", 5, canary_replicas=1, max_surge=1)
+    assert canary.replicas == {"new": 1, "old": 4}
+    # Promoted, the canary grows by the surge as its pods get ready.
+    promoted = plan_rollout(
+        "new",
+        [old, rev("new", 1, 1, "2026-01-02")],
+        4,
+        "old",
+        5,
+        canary_replicas=1,
+        promoted=True,
+        max_surge=1,
+    )
+    assert promoted.replicas == {"new": 2, "old": 3}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from specdeploy.api.conditions import Reason
 from specdeploy.api.models import (
     ConditionStatus,
     SizingDecision,
@@ -13,6 +15,7 @@ from specdeploy.api.models import (
 from specdeploy.plan.rollout.revisions import RevisionDeployment, RolloutPlan
 from specdeploy.plan.status.conditions import ConditionUpdate, find_condition, set_condition
 from specdeploy.plan.status.pair_check import judge_pair
+from specdeploy.plan.status.pod_failure import PodFailure
 from specdeploy.plan.status.report import (
     ObservedRollout,
     build_status,
@@ -185,3 +188,44 @@ def test_condition_events_skip_unknown_and_expected_not_ready() -> None:
     lost = [{"type": "Ready", "status": "False", "reason": "ReplicasNotReady", "message": ""}]
     assert [e.reason for e in condition_events(ready, lost)] == ["ReplicasNotReady"]
     assert condition_events(ready, ready) == []
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(c for c in status["conditions"] if c["type"] == type_)
+    return found
+
+
+def test_a_pod_that_cannot_start_is_named_in_ready_and_progressing() -> None:
+    failing = dataclasses.replace(
+        _observed("b", "a", ready=False),
+        pod_failure=PodFailure("sd-b-7d9-x2", Reason.IMAGE_PULL_FAILED, "ErrImagePull: nope"),
+    )
+    status = build_status(_sd(), failing, "t9")
+    ready, progressing = _condition(status, "Ready"), _condition(status, "Progressing")
+    assert (ready["status"], ready["reason"]) == ("False", "ImagePullFailed")
+    assert ready["message"] == (
+        "0/1 pods ready; revision b: pod sd-b-7d9-x2 cannot pull its image: ErrImagePull: nope"
+    )
+    assert (progressing["status"], progressing["reason"]) == ("True", "ImagePullFailed")
+    assert progressing["message"] == (
+        "rolling out revision b alongside revision a; revision b: pod sd-b-7d9-x2 cannot pull "
+        "its image: ErrImagePull: nope"
+    )
+    assert status["phase"] == "Progressing"
+    # News even though Ready was never True: a Warning naming the pod.
+    (event,) = condition_events([], [ready])
+    assert (event.reason, event.warning) == ("ImagePullFailed", True)
+    assert "sd-b-7d9-x2" in event.message
+
+
+def test_quota_bypassed_does_not_hold_ready_back() -> None:
+    bypassed = dataclasses.replace(
+        _observed("b", "b", ready=True),
+        admission=ConditionUpdate("Admitted", "False", Reason.QUOTA_BYPASSED, "no webhook"),
+    )
+    status = build_status(_sd(), bypassed, "t9")
+    assert _condition(status, "Ready")["status"] == "True"
+    assert _condition(status, "Admitted")["reason"] == "QuotaBypassed"
+    assert status["phase"] == "Serving"
+    starting = dataclasses.replace(bypassed, plan=RolloutPlan({}, False, (), None, False))
+    assert build_status(_sd(), starting, "t9")["phase"] == "Progressing"

@@ -18,6 +18,8 @@ from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CONFIG = OperatorConfig.from_mapping({"batchQueues": ["batch"]})
 HOST_PORT = ["--host", "$(SPECDEPLOY_HOST)", "--port", "$(SPECDEPLOY_PORT)"]
+#: vLLM drains its requests on SIGTERM for the default grace period less 10 s.
+SHUTDOWN = ["--shutdown-timeout", "110"]
 
 
 def _served(name: str) -> Spec:
@@ -46,6 +48,7 @@ def test_llama_8b_eagle3_on_a_mig_slice() -> None:
         "8",
         "--gpu-memory-utilization",
         "0.9",
+        *SHUTDOWN,
         "--speculative-config",
         '{"draft_tensor_parallel_size":1,"method":"eagle3",'
         '"model":"RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3","num_speculative_tokens":3,'
@@ -70,6 +73,7 @@ def test_llama_70b_eagle3_on_four_gpus() -> None:
         "32",
         "--gpu-memory-utilization",
         "0.92",
+        *SHUTDOWN,
         "--speculative-config",
         '{"draft_tensor_parallel_size":4,"method":"eagle3",'
         '"model":"yuhuili/EAGLE3-LLaMA3.3-Instruct-70B","num_speculative_tokens":5,'
@@ -91,6 +95,7 @@ def test_ngram_pair_reads_the_model_from_the_volume() -> None:
         "32768",
         "--max-num-seqs",
         "32",
+        *SHUTDOWN,
         "--speculative-config",
         '{"method":"ngram","num_speculative_tokens":4}',
     ]
@@ -111,6 +116,7 @@ def test_batch_queue_serves_the_target_alone() -> None:
         "8192",
         "--max-num-seqs",
         "256",
+        *SHUTDOWN,
         "--enable-prefix-caching",
     ]
 

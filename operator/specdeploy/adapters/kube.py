@@ -335,6 +335,16 @@ class KubeAdapter:
         conditions = (crd.get("status") or {}).get("conditions") or []
         return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
+    def read_kueue_webhooks(self, workload_crd: str) -> tuple[list[dict[str, Any]], bool]:
+        """The MutatingWebhookConfigurations of the cluster and whether Kueue's Workload CRD
+        (`workload_crd`) exists: what plan.placement.kueue reads to tell whether Kueue manages
+        pods and Deployments (one LIST and one GET, at the start and at each cache resync)."""
+        configurations = self._list(
+            "admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", None
+        )
+        crd = self._get("apiextensions.k8s.io/v1", "CustomResourceDefinition", workload_crd, None)
+        return configurations, crd is not None
+
     # --- writes ------------------------------------------------------------------------------
 
     def apply(self, manifest: Mapping[str, Any]) -> None:

@@ -28,6 +28,11 @@ class Reason:
     ALL_REPLICAS_READY: Final = "AllReplicasReady"
     REPLICAS_NOT_READY: Final = "ReplicasNotReady"
     ENGINE_CRASH_LOOPING: Final = "EngineCrashLooping"
+    # Ready / Progressing: pods of the revision cannot start (plan.status.pod_failure)
+    IMAGE_PULL_FAILED: Final = "ImagePullFailed"
+    CREATE_CONTAINER_CONFIG_ERROR: Final = "CreateContainerConfigError"
+    OOM_KILLED: Final = "OOMKilled"
+    POD_UNSCHEDULABLE: Final = "PodUnschedulable"
     NEW_REVISION: Final = "NewRevision"
     CANARY_ANALYSING: Final = "CanaryAnalysing"
     CANARY_PROMOTED: Final = "CanaryPromoted"
@@ -67,6 +72,9 @@ class Reason:
     NO_QUEUE: Final = "NoQueue"
     LOCAL_QUEUE_NOT_FOUND: Final = "LocalQueueNotFound"
     PRIORITY_CLASS_NOT_FOUND: Final = "PriorityClassNotFound"
+    #: Kueue does not manage the pods (not installed, or its pod or deployment integration
+    #: off): they schedule without quota.
+    QUOTA_BYPASSED: Final = "QuotaBypassed"
     # Sized
     SIZED: Final = "Sized"
     UNSCHEDULABLE: Final = "Unschedulable"

@@ -21,8 +21,11 @@ from specdeploy.api.models import (
     RolloutSpec,
 )
 
-DEFAULT_ENGINE_IMAGE = "specdeploy/engine:0.1.0"
-DEFAULT_ENGINE_CPU_IMAGE = "specdeploy/engine-cpu:0.1.0"
+#: The engine images by the local names `make images` builds them under (podman's `localhost/`):
+#: names in no registry namespace the project does not own. On a cluster, push the images to a
+#: registry of yours and set engineImage / engineCpuImage to that copy (docs/operator.md).
+DEFAULT_ENGINE_IMAGE = "localhost/specdeploy/engine:0.1.0"
+DEFAULT_ENGINE_CPU_IMAGE = "localhost/specdeploy/engine-cpu:0.1.0"
 DEFAULT_ENGINE_COMMAND = ("specdeploy-engine",)
 
 

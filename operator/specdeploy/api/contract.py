@@ -75,6 +75,7 @@ OPERATOR_OWNED_FLAGS: Final = (
     "--max-num-seqs",
     "--gpu-memory-utilization",
     "--speculative-config",
+    "--shutdown-timeout",
 )
 #: What the operator also sets for a replica across nodes (plan.children.vllm_args
 #: multi_node_args); refused in extraArgs of such an SD only (a CEL rule of their own: one rule

@@ -237,9 +237,9 @@ class AutotuneSpec(ApiModel):
         description=(
             "Off: one length at every batch size. Auto: status.autotune also recommends a "
             "length per running batch-size range (vLLM's num_speculative_tokens_per_batch_size) "
-            "once step times were measured at two or more batch sizes. Mode Apply rolls out "
-            "the single length only; the schedule is a recommendation. Needs "
-            "spec.engine.maxNumSeqs."
+            "once step times were measured at two or more batch sizes; mode Apply rolls a "
+            "recommended schedule out as a tuned revision through the canary, like a tuned "
+            "length. Needs spec.engine.maxNumSeqs."
         ),
     )
     draft_cost_ratio: float | None = Field(
@@ -412,6 +412,28 @@ class EngineSpec(ApiModel):
     )
     resources: EngineResources | None = Field(
         default=None, description="CPU and memory of the engine container."
+    )
+    startup_timeout_seconds: int | None = Field(
+        default=None,
+        ge=60,
+        le=86400,
+        description=(
+            "How long the engine may take to start (download and load the weights, warm up) "
+            "before its startup probe gives up and the container is restarted. Default: 600 s, "
+            "plus 2 s per GiB of weights, or 12 s per GiB when they come from the hub (a first "
+            "start downloads them). docs/operator.md."
+        ),
+    )
+    termination_grace_period_seconds: int | None = Field(
+        default=None,
+        ge=20,
+        le=3600,
+        description=(
+            "How long a stopping engine pod has to finish the requests it is serving (a rollout, "
+            "a rollback, a scale-down): it keeps serving for 5 s while it leaves the Service "
+            "(preStop), then vLLM drains its running requests for up to this minus 10 s "
+            "(--shutdown-timeout) and exits; Kubernetes kills it at the end. Default: 120."
+        ),
     )
 
 
@@ -870,6 +892,17 @@ class RolloutSpec(ApiModel):
     )
     collapse_guard: CollapseGuardSpec | None = Field(
         default=None, description="Acceptance collapse guard on the stable pair."
+    )
+    max_surge: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Pods a new revision may run beyond replicas while it replaces the stable one "
+            "(without a canary, or once a canary is promoted): it starts this many, and each "
+            "of its pods that is ready lets one stable pod go, so the rollout never needs more "
+            "than replicas + maxSurge pods' worth of GPUs and quota, and never fewer than "
+            "replicas ready pods serve. Unset: all replicas at once beside the stable ones."
+        ),
     )
 
 

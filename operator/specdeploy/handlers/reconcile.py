@@ -34,6 +34,11 @@ from specdeploy.plan.children.manifests import (
 )
 from specdeploy.plan.decide import Decision, Snapshot, decide, watches_acceptance
 from specdeploy.plan.placement.gpu_catalog import catalog_for_config
+from specdeploy.plan.placement.kueue import (
+    KUEUE_WORKLOAD_CRD,
+    KueueWebhooks,
+    read_kueue_webhooks,
+)
 from specdeploy.plan.placement.sizing import models_needing_shapes
 from specdeploy.plan.rollout.analysis import (
     RFC3339,
@@ -92,6 +97,8 @@ class Reconciler:
         #: The last measurement logged per (namespace, name, revision); one worker per SD at
         #: a time (handlers.work_queue), so an SD's keys are never written by two at once.
         self._last_measured: dict[tuple[str, str, str], Measurement] = {}
+        #: Kueue's API and webhooks as check_kueue last found them (None: not looked at yet).
+        self.kueue: KueueWebhooks | None = None
 
     def reconcile(self, namespace: str, name: str) -> datetime | None:
         """Brings one SpeculativeDeployment's children and status in line with its spec; returns
@@ -131,6 +138,24 @@ class Reconciler:
             self.kube.write_requests - writes,
         )
         return decision.wake_at
+
+    def check_kueue(self) -> KueueWebhooks | None:
+        """Looks whether Kueue manages pods and Deployments (its API and mutating webhooks),
+        says so in the log, and keeps it for the Admitted condition of every SD with a queue.
+        A failed look is logged and keeps what was known (nothing is claimed from it)."""
+        try:
+            configurations, installed = self.kube.read_kueue_webhooks(KUEUE_WORKLOAD_CRD)
+        except ApiException as error:
+            log.warning("could not look for Kueue's webhooks (API %s): %s", error.status, error)
+            return self.kueue
+        found = read_kueue_webhooks(configurations, installed)
+        if found != self.kueue:
+            if found.bypassed_because is not None:
+                log.warning("quota would be bypassed: %s", found.describe())
+            else:
+                log.info("%s", found.describe())
+        self.kueue = found
+        return found
 
     def record_refusal(
         self,
@@ -195,6 +220,7 @@ class Reconciler:
                 self.kube.get_workload_priority_class(priority_class) if priority_class else None
             ),
             fetched_shapes=self._fetched_shapes(sd),
+            kueue=self.kueue,
             measurements=self._measurements(sd, [*deployments, *sets]),
             probes=self._probes(sd, [*deployments, *sets]),
             autotune=self._autotune_measurement(sd),

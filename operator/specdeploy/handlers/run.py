@@ -53,6 +53,7 @@ from specdeploy.handlers.work_queue import Backoff, WorkQueue
 from specdeploy.handlers.workers import (
     RECONCILE_WORKERS,
     SDKey,
+    call_every,
     confirm_first_listings,
     enqueue_every_round,
     reconcile_from,
@@ -65,6 +66,8 @@ ANNOTATION_PREFIX = "specdeploy.dev"
 CONFIGMAP_PREFIX = "configmap:"
 CONFIGMAP_KEY = "config.yaml"
 EVENT_SOURCE = "specdeploy"
+#: How often Kueue's webhooks are looked at again after the start (Reconciler.check_kueue).
+KUEUE_RECHECK_SECONDS = 300.0
 
 log = logging.getLogger("specdeploy.operator")
 
@@ -344,10 +347,14 @@ async def run_operator(  # noqa: PLR0917
             await elector.acquire()
         finally:
             await stop_probe()
+    # Before any reconcile: does Kueue manage the kinds the operator relies on?
+    await asyncio.to_thread(reconciler.check_kueue)
     executor = ThreadPoolExecutor(RECONCILE_WORKERS, thread_name_prefix="reconcile")
     tasks = [
         asyncio.create_task(reconcile_once_filled(reconciler, queues, namespaces, config, executor))
     ]
+    # Kueue's webhooks can go (or come back) while the operator runs: looked at again now and then.
+    tasks.append(asyncio.create_task(call_every(reconciler.check_kueue, KUEUE_RECHECK_SECONDS)))
     # No `stop_flag` for kopf: on SIGINT/SIGTERM kopf waits 5 s for every task still pending
     # (a waiter on a flag that is never set among them) before it exits. A lost Lease cancels
     # kopf instead, so a clean stop ends at once and hands the Lease over without that wait.

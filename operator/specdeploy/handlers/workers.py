@@ -94,6 +94,22 @@ async def enqueue_every_round(
             queue.add(key)
 
 
+async def call_every(
+    call: Callable[[], object],
+    interval: float,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Calls `call` in a thread every `interval` seconds (after the first interval); a failure
+    is logged and the next call comes all the same."""
+    while True:
+        await sleep(interval)
+        try:
+            await asyncio.to_thread(call)
+        except Exception:
+            log.exception("periodic %s failed", getattr(call, "__name__", call))
+
+
 async def relist_from(
     relists: WorkQueue[str],
     refresh: Callable[[watch_cache.Kind], None],

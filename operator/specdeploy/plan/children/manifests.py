@@ -18,6 +18,12 @@ from specdeploy.api.contract import PROBE_ENV, PROBE_PROMPTS_ENV, PROBE_READY_PA
 from specdeploy.api.labels import PROBE_GATE
 from specdeploy.api.models import API_VERSION, KIND, SizingDecision, SpeculativeDeployment
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
+from specdeploy.plan.children.lifecycle import (
+    PRE_STOP_SECONDS,
+    STARTUP_PROBE_PERIOD_SECONDS,
+    grace_period_seconds,
+    startup_failure_threshold,
+)
 from specdeploy.plan.children.revision import engine_image
 from specdeploy.plan.children.vllm_args import (
     MODEL_MOUNT_PATH,
@@ -242,19 +248,29 @@ def build_pod_template(
         "args": ["serve", "--", *build_vllm_args(spec, sizing, role)],
         "ports": [{"name": PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": _env(spec, revision, sizing),
+        # Until the weights are loaded the port refuses connections: the startup probe allows
+        # for that (plan.children.lifecycle), then readiness takes over.
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": PORT_NAME},
+            "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+            "failureThreshold": startup_failure_threshold(spec, sizing),
+        },
         "readinessProbe": {
             # With a probe, the pod is ready once it ran the probe (engine/probe.py).
             "httpGet": {"path": PROBE_READY_PATH if probed else "/health", "port": PORT_NAME},
             "periodSeconds": 5,
             "failureThreshold": 3,
         },
+        # A stopping pod keeps serving while it leaves the Service; then SIGTERM, on which vLLM
+        # drains its requests (--shutdown-timeout) within the grace period.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
         "resources": _resources(spec, sizing),
         "terminationMessagePath": "/dev/termination-log",
         "securityContext": json.loads(json.dumps(CONTAINER_SECURITY_CONTEXT)),
     }
     if not serves_api:
         # A worker serves no request, so it runs no probe (its leader probes for the group).
-        del container["ports"], container["readinessProbe"]
+        del container["ports"], container["startupProbe"], container["readinessProbe"]
         container["env"] = [
             e for e in container["env"] if e["name"] not in (PROBE_ENV, PROBE_PROMPTS_ENV)
         ]
@@ -266,6 +282,12 @@ def build_pod_template(
     }
     pod_spec: dict[str, Any] = {
         "securityContext": json.loads(json.dumps(POD_SECURITY_CONTEXT)),
+        # No Service variables: a Service named like a vLLM setting (an SD named `vllm` gives
+        # VLLM_PORT=tcp://...) would be read by vLLM as that setting.
+        "enableServiceLinks": False,
+        # The engine never calls the Kubernetes API.
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": grace_period_seconds(spec),
         "containers": [container],
     }
     if node_selector:

@@ -12,7 +12,10 @@ A revision names everything that reaches the pod template, and nothing else:
   revisions keep their names) CPU serving with its host memory and KV space, the model cache,
   the pod options (labels, annotations, ServiceAccount, pull secrets, PriorityClass), the
   ephemeral-storage request of pods that download their weights, and the analysis probe (its
-  ConfigMap and settings: the pods run it before they serve).
+  ConfigMap and settings: the pods run it before they serve); the startup probe's
+  failureThreshold (spec.engine.startupTimeoutSeconds, else a budget from the weights the
+  sizing estimates: a new estimate that moves it is a new revision); the grace period reaches
+  the hash through vLLM's --shutdown-timeout.
 - out: replicas, rollout (canary, analysis but its probe, collapse guard), revisionHistoryLimit,
   placement.queue and placement.priorityClass (Kueue labels on the Deployment object, not in
   its pod template: changing queue relabels the existing Deployments), the speculation policy
@@ -35,13 +38,14 @@ from typing import Any
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SizingDecision
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
+from specdeploy.plan.children.lifecycle import startup_failure_threshold
 from specdeploy.plan.children.vllm_args import build_vllm_args, probe_of
 from specdeploy.plan.placement.sizing import cpu_kv_space_gib, download_storage
 
 REVISION_LENGTH = 10
 # Bump when the pod template changes shape for the same inputs (a new operator feature), so
 # old and new Deployments never share a name with different templates.
-HASH_SCHEMA = 1
+HASH_SCHEMA = 2
 
 
 def engine_image(spec: Spec, config: OperatorConfig) -> str:
@@ -93,6 +97,7 @@ def revision_inputs(
         "command": list(config.engine_command),
         "localProcess": config.local_process,
         "vllmArgs": build_vllm_args(spec, sizing),
+        "startupFailureThreshold": startup_failure_threshold(spec, sizing),
         "env": dump(spec.engine.env),
         "resources": dump(spec.engine.resources),
         "modelSource": dump(spec.model_source),

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from specdeploy.api.contract import PROBE_MIDDLEWARE
 from specdeploy.api.models import METHODS_WITHOUT_MODEL, ProbeSpec, ScheduleStep, SizingDecision
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
+from specdeploy.plan.children.lifecycle import drain_seconds
 
 # Where a modelSource.pvc claim is mounted in the engine container.
 MODEL_MOUNT_PATH = "/models"
@@ -124,9 +125,11 @@ def build_vllm_args(spec: Spec, sizing: SizingDecision | None, role: Role = "lea
 
     Order: the model (positional), `--revision` (hub models only), `--served-model-name`,
     `--host`/`--port` as $(SPECDEPLOY_HOST)/$(SPECDEPLOY_PORT), `--tensor-parallel-size`
-    (and `--pipeline-parallel-size` across nodes), the engine limits that are set, for a
-    replica across nodes the multi-node launch of `role` (multi_node_args),
-    `--speculative-config` when there is a draft, then spec.engine.extraArgs unchanged.
+    (and `--pipeline-parallel-size` across nodes), the engine limits that are set,
+    `--shutdown-timeout` (on SIGTERM vLLM drains its requests for that long rather than abort
+    them: plan.children.lifecycle), for a replica across nodes the multi-node launch of `role`
+    (multi_node_args), `--speculative-config` when there is a draft, then spec.engine.extraArgs
+    unchanged.
     """
     target = spec.pair.target
     engine = spec.engine
@@ -145,6 +148,7 @@ def build_vllm_args(spec: Spec, sizing: SizingDecision | None, role: Role = "lea
         args += ["--max-num-seqs", str(engine.max_num_seqs)]
     if engine.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", repr(engine.gpu_memory_utilization)]
+    args += ["--shutdown-timeout", str(drain_seconds(spec))]
     if sizing is not None and nodes_per_replica(sizing) > 1:
         args += multi_node_args(sizing, role)
     config = speculative_config(spec, sizing)

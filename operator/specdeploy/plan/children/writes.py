@@ -2,7 +2,8 @@
 
 The desired revision's Deployment is built from the served spec and recorded in a
 ControllerRevision (so a later rollback can scale it up unchanged); every other revision the
-rollout plan keeps is rebuilt from its record at its planned size. A child is written only when
+rollout plan keeps is rebuilt from its record at its planned size; those that shrink are written
+before those that grow. A child is written only when
 it lacks a field it should hold (plan.children.drift); a change made out of band is reverted
 with an Event saying what was set back.
 """
@@ -61,6 +62,12 @@ def _owned_revision(obj: Mapping[str, Any]) -> str | None:
     return ((obj.get("metadata") or {}).get("labels") or {}).get(labels.REVISION)
 
 
+def _shrinks(manifest: Mapping[str, Any], live: Mapping[str, Any] | None) -> bool:
+    """Whether a revision's write lowers its replicas."""
+    had = int(((live or {}).get("spec") or {}).get("replicas") or 0)
+    return int(manifest["spec"].get("replicas") or 0) < had
+
+
 def _record_for(
     manifest: dict[str, Any], records: Mapping[str, Mapping[str, Any]]
 ) -> tuple[dict[str, Any] | None, bool]:
@@ -114,6 +121,9 @@ def plan_child_writes(
         elif (existing := by_revision.get(revision)) and existing.replicas != replicas:
             # A revision made before revisions were recorded: only its size is known.
             scales.append((existing.name, replicas))
+    # Revisions that shrink go first, so that between two writes no more pods are asked for
+    # than before or after them (spec.rollout.maxSurge bounds every moment, not each reconcile).
+    wanted.sort(key=lambda m: not _shrinks(m, current.get((m["kind"], m["metadata"]["name"]))))
     wanted.append(build_service(served))
     current[("Service", served.metadata.name)] = live.service
     if live.pod_monitor_served:

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from specdeploy.api.models import ModelShape
+from specdeploy.plan.placement.kueue import KueueWebhooks
 from specdeploy.plan.rollout.analysis import Measurement
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement
 from specdeploy.plan.rollout.probe import ProbeResult
@@ -48,6 +49,8 @@ class Snapshot:
     #: What each revision's pods measured on the probe (spec.rollout.analysis.probe), read
     #: while a canary's or the stable's figures are not yet kept in status.
     probes: Mapping[str, ProbeResult] = field(default_factory=dict)
+    #: Kueue's API and webhooks as the operator found them at its start (None: not looked at).
+    kueue: KueueWebhooks | None = None
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 from specdeploy.plan.rollout.wakeup import next_wake
 from specdeploy.plan.status.crash_loop import read_crash_loop
 from specdeploy.plan.status.pair_check import PairVerdict, judge_pair
+from specdeploy.plan.status.pod_failure import read_pod_failure
 from specdeploy.plan.status.report import ObservedRollout, build_status, condition_events
 
 
@@ -302,6 +303,7 @@ def plan_revisions(world: World, serving: Serving, canary: CanaryDecision) -> Ro
         held=canary.held,
         canary_replicas=canary.canary_replicas,
         promoted=canary.promoted,
+        max_surge=spec.rollout.max_surge,
     )
 
 
@@ -365,6 +367,8 @@ def report_status(
         group_sets={r.name for r in world.revisions if r.kind == "LeaderWorkerSet"},
         group_note=group_note,
         now=now,
+        kueue=snapshot.kueue,
+        namespace=world.sd.metadata.namespace or "",
     )
     sized = serving.pair.sized
     seen = ObservedRollout(
@@ -378,6 +382,7 @@ def report_status(
         selector=pod_selector(world.sd),
         pair=pair,
         crash_loop=read_crash_loop(snapshot.pods, serving.desired_revision),
+        pod_failure=read_pod_failure(snapshot.pods, serving.desired_revision),
         canary=canary.judgement,
         measurements=snapshot.measurements,
         figures_every_seconds=duration_seconds(world.settings.interval),

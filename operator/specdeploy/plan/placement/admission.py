@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from specdeploy.api.conditions import ConditionType, Reason
+from specdeploy.plan.placement.kueue import KueueWebhooks
 from specdeploy.plan.status.conditions import ConditionUpdate
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
@@ -23,6 +24,8 @@ ADMISSION_GATE = "kueue.x-k8s.io/admission"
 #: Kueue takes to make and admit its Workload (a canary's pod every rollout), which is no
 #: shortage. Until then Admitted is Unknown (no Warning Event); after it, False.
 QUOTA_GRACE_SECONDS = 15.0
+#: The label the LeaderWorkerSet controller puts on every pod of its groups.
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 QUOTA_SHORTAGE = re.compile(
     r"insufficient unused quota for (?P<resource>\S+) in flavor (?P<flavor>\S+), "
     r"(?P<amount>\S+) more needed"
@@ -62,16 +65,63 @@ def describe_shortage(message: str) -> str:
     return ", ".join(found) if found else message
 
 
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def unadmitted_pods(
+    pods: Sequence[Mapping[str, Any]], workloads: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """Pods that Kueue neither holds back (its scheduling gate) nor admitted (a Workload of
+    theirs, or of their group's LeaderWorkerSet): they run outside its quota. Kueue's pod
+    integration gates every pod it manages from its creation and makes a Workload for it, which
+    lives as long as the pod; its leaderworkerset integration makes one per group, owned by the
+    LeaderWorkerSet."""
+    owned = set().union(*(_owner_names(w, "Pod") for w in workloads))
+    groups = set().union(*(_owner_names(w, "LeaderWorkerSet") for w in workloads))
+    return sorted(
+        _name(p)
+        for p in pods
+        if not is_gated(p) and _name(p) not in owned and _group_of(p) not in groups
+    )
+
+
+def _group_of(pod: Mapping[str, Any]) -> str | None:
+    """The LeaderWorkerSet a pod belongs to (its controller's label), if any."""
+    found = ((pod.get("metadata") or {}).get("labels") or {}).get(LWS_NAME_LABEL)
+    return str(found) if found else None
+
+
+def quota_bypassed(
+    queue: str, namespace: str, pods: Sequence[str], why: str | None = None
+) -> ConditionUpdate:
+    """Admitted False, QuotaBypassed: Kueue does not manage the pods, and says why."""
+    if why is not None:
+        said = f"{why}, so LocalQueue {queue} does not hold back pods: they would bypass quota"
+    else:
+        listed = ", ".join(pods[:3]) + (f" and {len(pods) - 3} more" if len(pods) > 3 else "")
+        said = (
+            f"{len(pods)} pods run without Kueue's admission ({listed}: neither its scheduling "
+            f"gate nor a Workload): they bypass the quota of LocalQueue {queue}. Kueue does not "
+            f"manage Deployments' pods in namespace {namespace}: its pod or deployment "
+            "integration is off (integrations.frameworks), or its namespace selector leaves "
+            "this namespace out"
+        )
+    return ConditionUpdate(ConditionType.ADMITTED, "False", Reason.QUOTA_BYPASSED, said)
+
+
 def judge_admission(
     queue: str | None,
     pods: Sequence[Mapping[str, Any]],
     workloads: Sequence[Mapping[str, Any]],
     local_queue: Mapping[str, Any] | None,
-    missing_priority_class: str | None = None,
     *,
+    missing_priority_class: str | None = None,
     group_sets: Collection[str] = (),
     group_note: str | None = None,
     now: datetime | None = None,
+    kueue: KueueWebhooks | None = None,
+    namespace: str = "",
 ) -> ConditionUpdate:
     """The Admitted condition from the pods' scheduling gates and their Kueue Workloads.
 
@@ -79,10 +129,13 @@ def judge_admission(
     Workload owned by the LeaderWorkerSet (one of `group_sets`); `group_note` says what a group
     asks for, and is added to the reason pods wait.
 
-    True when no pod is gated. False naming what Kueue lacks to admit them: the LocalQueue
+    True when no pod is gated and Kueue admitted each (a Workload of its own, or of its
+    group's LeaderWorkerSet). False naming what Kueue lacks to admit them: the LocalQueue
     (`local_queue` None), the WorkloadPriorityClass `missing_priority_class` (Kueue makes no
     Workload for a pod whose class does not exist, and says so only in its own log), or the
-    ClusterQueue's quota. Unknown while the gated pods are younger than QUOTA_GRACE_SECONDS
+    ClusterQueue's quota. False with QuotaBypassed when quota would not hold: Kueue not
+    installed or its webhooks missing (`kueue`, read at the operator's start), or pods that run
+    without Kueue's admission. Unknown while the gated pods are younger than QUOTA_GRACE_SECONDS
     (Kueue admits new pods in a moment), and before any pod exists.
     """
     if queue is None:
@@ -92,9 +145,15 @@ def judge_admission(
             Reason.NO_QUEUE,
             "no Kueue queue; pods schedule directly",
         )
-    cluster_queue = str(((local_queue or {}).get("spec") or {}).get("clusterQueue") or "")
     live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    why = kueue.bypassed_because if kueue is not None else None
+    if why is not None:
+        return quota_bypassed(queue, namespace, [_name(p) for p in live], why)
+    cluster_queue = str(((local_queue or {}).get("spec") or {}).get("clusterQueue") or "")
     gated = [p for p in live if is_gated(p)]
+    bypassing = unadmitted_pods(live, workloads)
+    if bypassing:
+        return quota_bypassed(queue, namespace, bypassing)
     if live and not gated:
         admitted_by = {
             str(((w.get("status") or {}).get("admission") or {}).get("clusterQueue") or "")

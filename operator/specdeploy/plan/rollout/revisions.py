@@ -2,8 +2,10 @@
 
 Each pair revision is one Deployment whose pod template never changes, so a pod can only ever
 run the pair of its own revision. A new revision is created alongside the serving (stable) one;
-the stable one scales to zero only once the new one has all its replicas ready. Revisions at
-zero replicas are kept, newest first, up to the history limit, so going back is a scale-up.
+the stable one scales to zero only once the new one has all its replicas ready, or, with a
+surge limit (spec.rollout.maxSurge), step by step: one stable pod for each new one that is
+ready. Revisions at zero replicas are kept, newest first, up to the history limit, so going back
+is a scale-up.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ def plan_rollout(
     held: frozenset[str] = frozenset(),
     canary_replicas: int | None = None,
     promoted: bool = False,
+    max_surge: int | None = None,
 ) -> RolloutPlan:
     """Decides the replicas of every revision Deployment.
 
@@ -150,6 +153,11 @@ def plan_rollout(
       analysis promotes it (`promoted`); then it scales to `spec_replicas` and, once all are
       ready, becomes stable. The first revision of an SD has nothing to be compared with and
       is promoted when ready.
+    - With `max_surge` (spec.rollout.maxSurge), a desired revision replacing a stable one
+      (not as a canary, or once promoted) runs `max_surge` pods more than it has ready, up to
+      `spec_replicas`, and the stable revision gives up one pod for each ready one: never more
+      than `spec_replicas + max_surge` pods, never fewer than `spec_replicas` ready ones while
+      the stable's are ready.
     """
     by_revision = {d.revision: d for d in existing}
     desired = by_revision.get(desired_revision) if desired_revision else None
@@ -176,11 +184,21 @@ def plan_rollout(
         and desired.replicas == spec_replicas
         and desired.fully_ready
     )
+    surging = (
+        max_surge is not None
+        and not canary
+        and desired_revision is not None
+        and stable_revision not in (None, desired_revision)
+        and not desired_ready
+    )
+    ready_new = min(desired.ready_replicas, spec_replicas) if desired is not None else 0
     replicas: dict[str, int] = {}
     if desired_revision is not None:
         replicas[desired_revision] = (
             canary_replicas if canary and canary_replicas is not None else spec_replicas
         )
+        if surging and max_surge is not None:
+            replicas[desired_revision] = min(spec_replicas, ready_new + max_surge)
     if desired_ready:
         if stable_revision != desired_revision:
             then = f"; revision {stable_revision} scales to zero" if stable_revision else ""
@@ -191,9 +209,12 @@ def plan_rollout(
     for deployment in existing:
         if deployment.revision == desired_revision:
             continue
-        keep = spec_replicas if deployment.revision == stable_revision else 0
+        is_stable = deployment.revision == stable_revision
+        keep = spec_replicas if is_stable else 0
+        if surging and is_stable:
+            keep = spec_replicas - ready_new
         replicas[deployment.revision] = keep
-        if keep == 0 and deployment.replicas > 0 and not desired_ready:
+        if keep == 0 and deployment.replicas > 0 and not desired_ready and not is_stable:
             events.append(
                 RolloutEvent(
                     Reason.SCALED_TO_ZERO,

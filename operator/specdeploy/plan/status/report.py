@@ -35,6 +35,7 @@ from specdeploy.plan.rollout.revisions import RevisionDeployment, RolloutEvent, 
 from specdeploy.plan.status.conditions import ConditionUpdate, set_conditions
 from specdeploy.plan.status.crash_loop import CrashLoop
 from specdeploy.plan.status.pair_check import PairVerdict
+from specdeploy.plan.status.pod_failure import PodFailure
 
 
 def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
@@ -97,6 +98,23 @@ class ObservedRollout:
     probes: Mapping[str, ProbeFigures] = field(default_factory=dict)
     #: The revision a person's undo serves in place of the spec's, if any.
     undone: str | None = None
+    #: A pod of the desired revision that cannot start (image, config, memory, scheduling).
+    pod_failure: PodFailure | None = None
+
+    @property
+    def held_by_kueue(self) -> bool:
+        """Admitted is False because Kueue holds the pods back (not because it lets them by)."""
+        return self.admission.status == "False" and self.admission.reason != Reason.QUOTA_BYPASSED
+
+    def start_problem(self) -> tuple[str, str] | None:
+        """(reason, detail) of why the desired revision's pods cannot start, if they show it:
+        a pod failure first, then an engine that keeps exiting."""
+        revision = self.desired_revision or ""
+        if self.pod_failure is not None:
+            return self.pod_failure.reason, self.pod_failure.describe(revision)
+        if self.crash_loop is not None:
+            return Reason.ENGINE_CRASH_LOOPING, self.crash_loop.describe(revision)
+        return None
 
     @property
     def analysis(self) -> AnalysisStatus | None:
@@ -254,16 +272,15 @@ def _ready_update(
             f"revision {seen.desired_revision}: {problem.message}",
         )
     ready = desired.ready_replicas if desired else 0
-    if seen.admission.status == "False":
+    if seen.held_by_kueue:
         return ConditionUpdate(
             ConditionType.READY, "False", Reason.WAITING_FOR_QUOTA, seen.admission.message
         )
-    if seen.crash_loop is not None:
+    start = seen.start_problem()
+    if start is not None:
+        reason, detail = start
         return ConditionUpdate(
-            ConditionType.READY,
-            "False",
-            Reason.ENGINE_CRASH_LOOPING,
-            f"{ready}/{replicas} pods ready; {seen.crash_loop.describe(seen.desired_revision)}",
+            ConditionType.READY, "False", reason, f"{ready}/{replicas} pods ready; {detail}"
         )
     if seen.plan.canary and seen.plan.stable_revision is not None:
         return ConditionUpdate(
@@ -359,6 +376,16 @@ def _progressing_update(seen: ObservedRollout, stop: Stop | None) -> ConditionUp
         return _canary_progress(seen, analysis)
     serving = seen.plan.stable_revision
     beside = f" alongside revision {serving}" if serving else ""
+    problem = seen.start_problem()
+    if problem is not None:
+        # Still progressing (a pull, a Secret or a node may come): what holds it, by name.
+        reason, detail = problem
+        return ConditionUpdate(
+            ConditionType.PROGRESSING,
+            "True",
+            reason,
+            f"rolling out revision {seen.desired_revision}{beside}; {detail}",
+        )
     return ConditionUpdate(
         ConditionType.PROGRESSING,
         "True",
@@ -379,7 +406,7 @@ def _phase(ready: ConditionUpdate, seen: ObservedRollout, stop: Stop | None) -> 
         return Phase.CANARY
     if seen.desired_revision is None:
         return Phase.DEGRADED if seen.plan.stable_revision else Phase.FAILED
-    if seen.admission.status == "False" and not seen.plan.stable_revision:
+    if seen.held_by_kueue and not seen.plan.stable_revision:
         return Phase.PENDING
     return Phase.PROGRESSING
 
@@ -676,6 +703,16 @@ CONDITIONS_WORTH_AN_EVENT = (
     ConditionType.SPECULATING,
 )
 WARNING_WHEN_FALSE = (ConditionType.SIZED, ConditionType.ADMITTED)
+#: Ready reasons that say why pods cannot start: news (a Warning) even while it was never True.
+START_FAILURE_REASONS = frozenset(
+    {
+        Reason.IMAGE_PULL_FAILED,
+        Reason.CREATE_CONTAINER_CONFIG_ERROR,
+        Reason.OOM_KILLED,
+        Reason.POD_UNSCHEDULABLE,
+        Reason.ENGINE_CRASH_LOOPING,
+    }
+)
 
 
 def condition_events(
@@ -684,7 +721,9 @@ def condition_events(
     """The Events a person wants from condition changes.
 
     Unknown is never news. Ready speaks when it becomes True or stops being True (while a new
-    SD starts, "not ready yet" is expected; Sized and Admitted say why it cannot start).
+    SD starts, "not ready yet" is expected; Sized and Admitted say why it cannot start), and
+    as a Warning when it names why pods cannot start (an image, a Secret, memory, a node, a
+    crash loop).
     """
     was = {c.get("type"): c.get("status") for c in before}
     events: list[RolloutEvent] = []
@@ -692,13 +731,20 @@ def condition_events(
         type_, status = condition.get("type"), condition.get("status")
         if type_ not in CONDITIONS_WORTH_AN_EVENT or status == "Unknown":
             continue
-        if type_ == ConditionType.READY and status != "True" and was.get(type_) != "True":
+        reason = str(condition.get("reason", ""))
+        start_failure = type_ == ConditionType.READY and reason in START_FAILURE_REASONS
+        if (
+            type_ == ConditionType.READY
+            and status != "True"
+            and was.get(type_) != "True"
+            and not start_failure
+        ):
             continue
         events.append(
             RolloutEvent(
-                reason=str(condition.get("reason", "")),
+                reason=reason,
                 message=f"{type_}={status}: {condition.get('message', '')}",
-                warning=status == "False" and type_ in WARNING_WHEN_FALSE,
+                warning=status == "False" and (type_ in WARNING_WHEN_FALSE or start_failure),
             )
         )
     return events
