@@ -118,3 +118,20 @@ def test_pair_chart_refuses_an_unknown_key(helm: Helm, tmp_path: Path) -> None:
     values.write_text(json.dumps({**spec_values(APPS[0]), "replica": 3}))
     with pytest.raises(HelmError, match="additional properties 'replica' not allowed"):
         helm.run("template", "x", str(PAIR_CHART), "-f", str(values))
+
+
+def test_each_generated_pair_names_a_queue_of_its_namespace_the_project_may_deploy_to() -> None:
+    """A pair whose LocalQueue is not in its namespace would never be admitted (the list
+    example's batch pair once went to `serving`, where the example setup has no `batch` queue)."""
+    kueue = [d for d in yaml.safe_load_all((REPO / "examples/kueue/queues.yaml").read_text()) if d]
+    local_queues = {
+        (d["metadata"]["namespace"], d["metadata"]["name"])
+        for d in kueue
+        if d["kind"] == "LocalQueue"
+    }
+    project = load(ARGOCD_EXAMPLES / "appproject.yaml")
+    destinations = {d["namespace"] for d in project["spec"]["destinations"]}
+    for app in APPS:
+        queue = spec_values(app)["placement"]["queue"]
+        assert (app.namespace, queue) in local_queues, (app.release, app.namespace, queue)
+        assert app.namespace in destinations, (app.release, app.namespace)

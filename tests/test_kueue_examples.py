@@ -92,3 +92,36 @@ def test_each_examples_pinned_gpu_has_quota_on_a_flavor_of_that_product() -> Non
             )
         ]
         assert fitting, f"{path.name}: no flavor of {queue} has quota for {gpu}"
+
+
+#: Node labels the GPU operator sets (GPU feature discovery, the MIG manager) that tell nodes of
+#: one cluster apart; nvidia.com/mig.strategy is not one of them: under the mixed strategy it is
+#: `mixed` on every GPU node.
+GPU_OPERATOR_SELECTING_LABELS = {"nvidia.com/gpu.product", "nvidia.com/mig.config"}
+NODES = Path(__file__).resolve().parents[1] / "e2e" / "manifests" / "nodes.yaml"
+
+
+def test_example_flavors_select_whole_gpu_and_mig_nodes_by_labels_the_gpu_operator_sets() -> None:
+    """Each flavor selects by GPU product and MIG layout only, and on the test bed's nodes
+    (labelled as the GPU operator labels them under its mixed strategy) exactly the nodes of its
+    kind: whole H100s, partitioned H100s, H200s."""
+    flavors = {
+        d["metadata"]["name"]: d for d in _docs("queues.yaml") if d["kind"] == "ResourceFlavor"
+    }
+    nodes = [d for d in yaml.safe_load_all(NODES.read_text()) if d and d["kind"] == "Node"]
+    selected = {}
+    for name, flavor in flavors.items():
+        wanted = flavor["spec"]["nodeLabels"]
+        assert set(wanted) <= GPU_OPERATOR_SELECTING_LABELS, (name, wanted)
+        selected[name] = sorted(
+            n["metadata"]["name"]
+            for n in nodes
+            if all(n["metadata"]["labels"].get(k) == v for k, v in wanted.items())
+        )
+    assert selected == {
+        "nvidia-h100": ["kwok-h100-0", "kwok-h100-1"],
+        "nvidia-h100-mig": ["kwok-h100-mig-0"],
+        "nvidia-h200": ["kwok-h200-0"],
+    }
+    # The nodes say what the GPU operator says under mixed: the same strategy everywhere.
+    assert {n["metadata"]["labels"]["nvidia.com/mig.strategy"] for n in nodes} == {"mixed"}
