@@ -958,3 +958,34 @@ def test_pods_with_a_network_of_their_own_listen_on_one_port_side_by_side_and_re
         host_server.wait()
     assert out.read_text() == "200 200"
     assert "127.96.3.7\tweb.team-a.svc.cluster.local" in (tmp_path / "hosts").read_text()
+
+
+FAMILY = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    def stop(*_):
+        time.sleep(1)
+        alive = child.poll() is None
+        open('events', 'a').write(f'child-alive-at-term {int(alive)}\\n')
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    open('child', 'w').write(str(child.pid))
+    open('ready', 'w').write('')
+    time.sleep(300)
+    """
+)
+
+
+def test_sigterm_goes_to_the_main_process_and_the_rest_is_killed_at_the_end(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    """As a container runtime signals PID 1 only: the main process's children keep running
+    while it handles SIGTERM (vLLM's workers while its server drains), and are killed once it
+    exits."""
+    container = {"name": "engine", "image": IMAGE, "command": [sys.executable, "-c", FAMILY]}
+    _, events = _run_then_delete(kubelet, "family", container, grace=30)
+    assert events["child-alive-at-term"] == 1, "the child got the main process's SIGTERM"
+    folder = kubelet[2].parent / "run" / "pods" / "team-a_family_uid-family"
+    child = int((folder / "child").read_text())
+    wait_for(lambda: read_identity(child) is None, seconds=5)

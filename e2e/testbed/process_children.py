@@ -314,13 +314,18 @@ def reap_child(child: Child, ledger: PidLedger) -> int:
 
 
 def stop_children(children: list[Child], grace_seconds: float, ledger: PidLedger) -> list[int]:
-    """SIGTERM every child's group at once, SIGKILL what is left after the grace period.
+    """Stops containers as a container runtime does: SIGTERM to each one's main process (the
+    container's PID 1) at once, then, when that process has exited or the grace period is
+    over, SIGKILL to every process left in its group. Its other processes get no SIGTERM:
+    stopping them is the main process's business (vLLM's API server drains its requests,
+    then stops its engine and workers itself).
 
     Returns the exit codes, in the order of `children`.
     """
     for child in children:
         if not has_exited(child):
-            signal_group(child.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
     while time.monotonic() < deadline and not all(has_exited(child) for child in children):
         time.sleep(0.05)
