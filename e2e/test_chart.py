@@ -487,6 +487,7 @@ CAN_I_MATRIX: tuple[tuple[str, str, str, bool], ...] = (
     ("create", "events", "watched", True),
     ("get", "secrets", "watched", True),
     ("list", "nodes", "", True),
+    ("list", "mutatingwebhookconfigurations.admissionregistration.k8s.io", "", True),
     # Secrets: one get in the SDs' namespaces, nothing more, nowhere else.
     ("list", "secrets", "watched", False),
     ("watch", "secrets", "watched", False),
@@ -513,6 +514,8 @@ CAN_I_MATRIX: tuple[tuple[str, str, str, bool], ...] = (
     ("delete", "namespaces", "", False),
     ("patch", "customresourcedefinitions.apiextensions.k8s.io", "", False),
     ("create", "validatingadmissionpolicies.admissionregistration.k8s.io", "", False),
+    ("get", "mutatingwebhookconfigurations.admissionregistration.k8s.io", "", False),
+    ("patch", "mutatingwebhookconfigurations.admissionregistration.k8s.io", "", False),
 )
 
 
@@ -539,6 +542,12 @@ def test_the_charts_service_account_may_do_what_it_needs_and_nothing_else(
         install(helm, release, namespace, *set_values({"config": {"namespaces": [watched]}}))
         user = f"system:serviceaccount:{namespace}:{release}-specdeploy"
         places = {"watched": watched, "release": namespace, "other": other, "": ""}
+
+        def upgrade_with_secret_namespaces(secret_namespaces: list[str]) -> None:
+            """Every namespace watched, Secrets read in `secret_namespaces` (all when empty)."""
+            values = {"config": {"namespaces": []}, "rbac": {"secretNamespaces": secret_namespaces}}
+            helm.run("upgrade", release, str(CHART), "-n", namespace, *set_values(values))
+
         wrong = [
             f"{verb} {resource} in {places.get(where, where) or 'the cluster'}: "
             f"{'no' if allowed else 'yes'}, expected {'yes' if allowed else 'no'}"
@@ -548,19 +557,21 @@ def test_the_charts_service_account_may_do_what_it_needs_and_nothing_else(
         assert not wrong, "\n".join(wrong)
 
         # Watching every namespace, rbac.secretNamespaces confines Secrets to those listed.
-        helm.run(
-            "upgrade",
-            release,
-            str(CHART),
-            "-n",
-            namespace,
-            *set_values({"config": {"namespaces": []}, "rbac": {"secretNamespaces": [watched]}}),
-        )
+        upgrade_with_secret_namespaces([watched])
         assert can_i(kubectl, user, "patch", "deployments.apps", other)
         assert can_i(kubectl, user, "get", "secrets", watched)
         assert not can_i(kubectl, user, "get", "secrets", other)
         assert not can_i(kubectl, user, "get", "secrets", namespace)
         assert not can_i(kubectl, user, "list", "secrets", watched)
+
+        # The defaults (every namespace watched, no rbac.secretNamespaces): one get of
+        # Secrets in every namespace, kube-system included, and no list or watch anywhere:
+        # exactly what docs/chart.md and the guarantees say the default grants.
+        upgrade_with_secret_namespaces([])
+        for where in (watched, other, namespace, "kube-system"):
+            assert can_i(kubectl, user, "get", "secrets", where), where
+            assert not can_i(kubectl, user, "list", "secrets", where), where
+            assert not can_i(kubectl, user, "watch", "secrets", where), where
     finally:
         for extra in (watched, other):
             kubectl.run("delete", "namespace", extra, "--wait=false", check=False)
