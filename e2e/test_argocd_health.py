@@ -14,7 +14,8 @@ it cannot find need the launcher itself: the process kubelet runs it, and it exi
 starts, so no engine is loaded.
 
 `SPECDEPLOY_RECORD_HEALTH=1` writes each live object to tests/fixtures/health/<phase>.yaml (the
-test namespace renamed `serving`, managedFields dropped): that is how the fixtures were made.
+test namespace renamed `serving`, managedFields dropped, the checkout's path written as
+`/srv/specdeploy`): that is how the fixtures were made.
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ pytestmark = pytest.mark.e2e
 
 __all__ = ["engine_python", "tiny_models"]  # session fixtures used here
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "health"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "health"
+#: The checkout's path as the fixtures write it.
+FIXTURE_ROOT = "/srv/specdeploy"
 RECORD = os.environ.get("SPECDEPLOY_RECORD_HEALTH") == "1"
 FIXTURE_NAMESPACE = "serving"
 SUMMARY_CONDITIONS = ("Ready", "Progressing", "Degraded")
@@ -73,10 +77,11 @@ def summary(sd: dict[str, Any]) -> dict[str, Any]:
 
 
 def as_fixture(sd: dict[str, Any], namespace: str) -> str:
-    """The SD as a fixture file: without managedFields, in the namespace `serving`."""
+    """The SD as a fixture file: without managedFields, in the namespace `serving`, with the
+    checkout's path (in the engine's PYTHONPATH) written as a neutral one."""
     kept = {**sd, "metadata": {k: v for k, v in sd["metadata"].items() if k != "managedFields"}}
     text = yaml.safe_dump(kept, sort_keys=False, width=100)
-    return text.replace(namespace, FIXTURE_NAMESPACE)
+    return text.replace(namespace, FIXTURE_NAMESPACE).replace(str(REPO_ROOT), FIXTURE_ROOT)
 
 
 class Recorder:
