@@ -144,13 +144,21 @@ class Bed:
         revision: str = eventually(found, ENGINE_READY_S, f"SD {SD} serving")
         return revision
 
-    def canary_of(self, stable: str) -> str:
-        def found() -> str | None:
-            analysis = self.status().get("analysis") or {}
-            revision = analysis.get("revision")
-            return revision if revision not in (None, stable) else None
+    def canary_of(self, version: str) -> str:
+        """The revision of pair version `version`, once the analysis under way is its own.
 
-        revision: str = eventually(found, 120, "the new pair's analysis")
+        status.analysis keeps the last analysis until a new one starts: just after an apply it
+        still names the previous canary (rolled back, so not the stable either)."""
+
+        def found() -> str | None:
+            status = self.status()
+            ours = {
+                r["revision"] for r in status.get("revisions") or [] if r["pairVersion"] == version
+            }
+            revision = (status.get("analysis") or {}).get("revision")
+            return revision if revision in ours else None
+
+        revision: str = eventually(found, 120, f"the analysis of pair {version}")
         return revision
 
     def outcome(self, canary: str) -> dict[str, Any]:
@@ -238,10 +246,10 @@ def stable_serving(bed: Bed, draft: str | None, version: str, tokens: int = 3) -
 
 def test_1_a_correct_pair_is_promoted_beside_the_target_alone(bed: Bed) -> None:
     bed.apply(None, "1-target")
-    alone = bed.serving()
+    bed.serving()
     with bed.load():
         bed.apply("draft-small", "2-small-k1", tokens=1)
-        canary = bed.canary_of(alone)
+        canary = bed.canary_of("2-small-k1")
         analysis = bed.outcome(canary)
     verdicts = bed.verdicts(canary)
     print(f"\nverdicts: {json.dumps(verdicts, indent=1)}")
@@ -257,10 +265,10 @@ def test_1_a_correct_pair_is_promoted_beside_the_target_alone(bed: Bed) -> None:
 
 
 def test_2_a_pair_with_another_k_is_promoted_when_faster_per_token(bed: Bed) -> None:
-    stable = stable_serving(bed, "draft-small", "2-small-k1", tokens=1)
+    stable_serving(bed, "draft-small", "2-small-k1", tokens=1)
     with bed.load():
         bed.apply("draft-small", "3-small-k3", tokens=3)
-        canary = bed.canary_of(stable)
+        canary = bed.canary_of("3-small-k3")
         analysis = bed.outcome(canary)
     verdicts = bed.verdicts(canary)
     print(f"\nverdicts: {json.dumps(verdicts, indent=1)}")
@@ -279,7 +287,7 @@ def test_3_an_accepted_but_slow_draft_is_rolled_back_on_its_time_per_output_toke
     stable = stable_serving(bed, "draft-small", "3-small-k3")
     with bed.load():
         bed.apply("draft-slow", "4-slow")
-        canary = bed.canary_of(stable)
+        canary = bed.canary_of("4-slow")
         analysis = bed.outcome(canary)
     verdicts = bed.verdicts(canary)
     print(f"\nverdicts: {json.dumps(verdicts, indent=1)}")
@@ -305,10 +313,10 @@ def test_3_an_accepted_but_slow_draft_is_rolled_back_on_its_time_per_output_toke
 
 
 def test_4_a_bad_draft_is_rolled_back_on_its_probe_before_any_user_request(bed: Bed) -> None:
-    stable = stable_serving(bed, "draft-small", "3-small-k3")
+    stable_serving(bed, "draft-small", "3-small-k3")
     with bed.load() as load:
         bed.apply("draft-bad", "5-bad")
-        canary = bed.canary_of(stable)
+        canary = bed.canary_of("5-bad")
         analysis = bed.outcome(canary)
     verdicts = bed.verdicts(canary)
     print(f"\nverdicts: {json.dumps(verdicts, indent=1)}; load {dict(load.sent)}")
@@ -346,7 +354,7 @@ def test_5_the_same_draft_on_another_prompt_mix_is_not_rolled_back(bed: Bed) -> 
 
     with bed.load(prompts_for=prompts_for):
         bed.apply("draft-small", "6-small-k3-again")
-        canary = bed.canary_of(stable)
+        canary = bed.canary_of("6-small-k3-again")
         analysis = bed.outcome(canary)
     verdicts = bed.verdicts(canary)
     print(f"\nverdicts: {json.dumps(verdicts, indent=1)}")
@@ -360,10 +368,10 @@ def test_5_the_same_draft_on_another_prompt_mix_is_not_rolled_back(bed: Bed) -> 
 
 
 def test_6_a_slower_first_token_beyond_the_bound_is_rolled_back(bed: Bed) -> None:
-    stable = stable_serving(bed, "draft-small", "6-small-k3-again")
+    stable_serving(bed, "draft-small", "6-small-k3-again")
     with bed.load(prompts_for=lambda _revision: LONG):
         bed.apply("draft-small", "7-no-prefix-cache", extra=["--no-enable-prefix-caching"])
-        canary = bed.canary_of(stable)
+        canary = bed.canary_of("7-no-prefix-cache")
         analysis = bed.outcome(canary)
     verdicts = bed.verdicts(canary)
     print(f"\nverdicts: {json.dumps(verdicts, indent=1)}")
@@ -381,12 +389,15 @@ def test_7_a_failed_query_of_the_stable_never_promotes(bed: Bed) -> None:
     stable = stable_serving(bed, "draft-small", "6-small-k3-again")
     with bed.load():
         bed.apply("draft-small", "8-small-k3-third")
-        canary = bed.canary_of(stable)
-        eventually(
-            lambda: (bed.status().get("analysis") or {}).get("stage") == "Live",
-            ENGINE_READY_S,
-            "the canary live",
-        )
+        canary = bed.canary_of("8-small-k3-third")
+
+        def canary_live() -> bool:
+            # The previous canary's analysis, still in status until this one's starts, says
+            # Live too: only this canary's own Live stage will do.
+            analysis = bed.status().get("analysis") or {}
+            return analysis.get("revision") == canary and analysis.get("stage") == "Live"
+
+        eventually(canary_live, ENGINE_READY_S, "the canary live")
         bed.proxy.fail_revision(stable)
         try:
             # Four intervals with the stable's figures failing: never promoted.
