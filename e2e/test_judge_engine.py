@@ -341,9 +341,14 @@ def test_4_a_bad_draft_is_rolled_back_on_its_probe_before_any_user_request(bed: 
     assert "Probe (the same prompts on every revision):" in shown
 
 
-#: Two prompt mixes draft-small predicts unequally well (measured on the tiny pair).
-MIX_STABLE = ["The cat sat on the", "In the morning the queue"]
-MIX_CANARY = ["A node sees", "The scheduler places the pod on"]
+#: Two prompt mixes draft-small predicts unequally well. Greedy, 48 tokens, k=3 on the tiny
+#: pair, the share of draft tokens accepted is, per prompt: "The scheduler places the pod on"
+#: 1.00, "Every small engine serves" 0.87, "The cat sat on the" 0.79, "A node sees" 0.67; so
+#: 0.93 on the stable's mix and 0.72 on the canary's. (Halves of the same four prompts can
+#: match: "The cat sat on the" with "In the morning the queue" gave 0.81 live, "A node sees"
+#: with "The scheduler places the pod on" 0.82.)
+MIX_STABLE = ["The scheduler places the pod on", "Every small engine serves"]
+MIX_CANARY = ["A node sees", "The cat sat on the"]
 
 
 def test_5_the_same_draft_on_another_prompt_mix_is_not_rolled_back(bed: Bed) -> None:
@@ -361,10 +366,10 @@ def test_5_the_same_draft_on_another_prompt_mix_is_not_rolled_back(bed: Bed) -> 
     assert analysis["outcome"] == "Promote", verdicts
     assert verdicts[0]["source"] == "Probe"
     assert verdicts[0]["acceptanceRate"] == verdicts[0]["stableAcceptanceRate"]
-    # The live mixes differed by more than maxDropVsStable (0.1): judged on them alone, the
-    # same draft would have been rolled back.
-    gaps = [abs(v["acceptanceRate"] - v["stableAcceptanceRate"]) for v in live(verdicts)]
-    assert max(gaps) > 0.1, gaps
+    # On the live mixes the canary's acceptance fell below the stable's by more than
+    # maxDropVsStable (0.1): judged on them alone, the same draft would have been rolled back.
+    drops = [v["stableAcceptanceRate"] - v["acceptanceRate"] for v in live(verdicts)]
+    assert max(drops) > 0.1, drops
 
 
 def test_6_a_slower_first_token_beyond_the_bound_is_rolled_back(bed: Bed) -> None:
