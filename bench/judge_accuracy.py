@@ -81,8 +81,13 @@ PROBE_PROMPTS = (
     "This careful teacher reads",
 )
 PROMPTS = ("The cat sat on the", "In the morning the queue", "A node sees", "Every small engine")
-MIX_STABLE = ("The cat sat on the", "In the morning the queue")
-MIX_CANARY = ("A node sees", "The scheduler places the pod on")
+#: Two mixes whose acceptance really differs on the tiny pair (per prompt, greedy, k=3: "The
+#: scheduler places the pod on" 1.00, "Every small engine serves" 0.87, "The cat sat on the" 0.79,
+#: "A node sees" 0.67), as e2e/test_judge_engine.py's prompt-mix test uses: the same draft sits
+#: about 0.2 lower on the canary's mix. ("The cat sat on the" with "In the morning the queue"
+#: against "A node sees" with "The scheduler places the pod on" gave 0.81 and 0.82: no test.)
+MIX_STABLE = ("The scheduler places the pod on", "Every small engine serves")
+MIX_CANARY = ("A node sees", "The cat sat on the")
 
 
 @dataclass(frozen=True)
