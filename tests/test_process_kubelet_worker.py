@@ -800,7 +800,11 @@ def test_an_empty_dir_over_the_folder_the_pod_and_its_image_live_in_hides_neithe
     )
     images = {
         "example/operator:1": ImageEntry(
-            entrypoint=(sys.executable, str(program)), files=(str(image_files),)
+            # As the operator image's entry in the map: the interpreter's environment is one of
+            # the image's files, so a clone under /tmp (sys.prefix inside the emptyDir's path)
+            # still runs.
+            entrypoint=(sys.executable, str(program)),
+            files=(str(image_files), sys.prefix),
         )
     }
     container = {
