@@ -298,6 +298,7 @@ def test_tiny_models_are_named_in_the_factory_output(tiny_models: dict[str, str]
         "draft-good",
         "draft-bad",
         "draft-small",
+        "draft-slow",
         "eagle3",
         "eagle3-wrong-hidden",
         "eagle3-bad-layers",
