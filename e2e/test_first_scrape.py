@@ -130,11 +130,21 @@ def running_pod(kubectl: Kubectl, namespace: str, other_than: str | None) -> dic
     return found
 
 
+def answers(url: str) -> bool:
+    try:
+        http_text(url + "/health")
+    except OSError:
+        return False
+    return True
+
+
 def served_before_the_first_scrape(
     cluster: ClusterEnv, pod: dict[str, Any], model: str
 ) -> dict[str, float]:
     """Sends completions to the pod; returns its own counters once they finished."""
     url = engine_url(cluster, pod)
+    # A canary's analysis starts (stage Starting) before its vLLM listens: wait for it to answer.
+    eventually(lambda: answers(url), ENGINE_READY_S, "the pod's vLLM answering /health")
     for prompt in PROMPTS:
         complete(url, model, prompt, max_tokens=64)
     return parse_counters(http_text(url + "/metrics"))
