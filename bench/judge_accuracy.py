@@ -55,6 +55,7 @@ from specdeploy.api.contract import (
     PROBE_READY_PATH,
 )
 from specdeploy.api.models import ProbeFigures
+from specdeploy.engine.tiny_models import PROBE_PROMPTS
 from specdeploy.plan.rollout.analysis import (
     AnalysisState,
     Measurement,
@@ -72,14 +73,6 @@ WINDOW_S = 60.0
 MAX_INTERVALS = 12
 ACCURACY_TARGET = 0.9
 
-PROBE_PROMPTS = (
-    "The cat sat on the",
-    "In the morning the queue",
-    "A node sees",
-    "The scheduler places the pod on",
-    "Every small engine serves",
-    "This careful teacher reads",
-)
 PROMPTS = ("The cat sat on the", "In the morning the queue", "A node sees", "Every small engine")
 #: Two mixes whose acceptance really differs on the tiny pair (per prompt, greedy, k=3: "The
 #: scheduler places the pod on" 1.00, "Every small engine serves" 0.87, "The cat sat on the" 0.79,

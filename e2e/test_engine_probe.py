@@ -31,19 +31,12 @@ from engine_harness import (
     vllm_args,
 )
 from specdeploy.api.contract import PROBE_ENV, PROBE_MIDDLEWARE, PROBE_PROMPTS_ENV, PROBE_READY_PATH
+from specdeploy.engine.tiny_models import PROBE_PROMPTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
 __all__ = ["engine_python", "tiny_models"]  # fixtures used below
 
-PROMPTS = [
-    "The cat sat on the",
-    "In the morning the queue",
-    "A node sees",
-    "The scheduler places the pod on",
-    "Every small engine serves",
-    "This careful teacher reads",
-]
 MAX_TOKENS = 48
 REQUEST_SUCCESS = "vllm:request_success_total"
 
@@ -80,7 +73,7 @@ def start_probed(
     args += ["--middleware", PROBE_MIDDLEWARE]
     env = {
         PROBE_ENV: json.dumps({"maxTokens": MAX_TOKENS, "temperature": 0, "timeoutSeconds": 300}),
-        PROBE_PROMPTS_ENV: json.dumps(PROMPTS),
+        PROBE_PROMPTS_ENV: json.dumps(PROBE_PROMPTS),
         "SPECDEPLOY_PORT": str(port),
     }
     return start_engine(python, f"probe-{draft}", args, log_dir, env=env, port=port)
@@ -110,17 +103,17 @@ def test_a_pod_is_ready_only_after_its_probe_and_exports_exactly_what_vllm_count
     try:
         at_ready = wait_ready(server)
         # Readiness came after every probe request finished (and nothing else ran).
-        assert at_ready[REQUEST_SUCCESS] == len(PROMPTS), at_ready
-        assert at_ready[GENERATED_TOKENS] == len(PROMPTS) * MAX_TOKENS
+        assert at_ready[REQUEST_SUCCESS] == len(PROBE_PROMPTS), at_ready
+        assert at_ready[GENERATED_TOKENS] == len(PROBE_PROMPTS) * MAX_TOKENS
         figures = probe_gauges(http_text(server.url + "/metrics"))
         print(f"\nprobe figures: {json.dumps(figures)}")
-        assert figures["prompts"] == figures["requests"] == len(PROMPTS)
+        assert figures["prompts"] == figures["requests"] == len(PROBE_PROMPTS)
         assert figures["complete"] == 1.0
         assert figures["errors"] == 0.0
         assert figures["output_tokens"] == at_ready[GENERATED_TOKENS]
         assert figures["draft_tokens"] == at_ready[DRAFT_TOKENS] > 0
         assert figures["accepted_tokens"] == at_ready[ACCEPTED_TOKENS]
-        assert figures["first_tokens"] == len(PROMPTS)
+        assert figures["first_tokens"] == len(PROBE_PROMPTS)
         decoded = figures["output_tokens"] - figures["first_tokens"]
         assert figures["decode_steps"] < decoded  # speculation: more than a token a step
         assert figures["accepted_tokens"] / figures["draft_tokens"] > 0.6  # draft-small: ~0.8
@@ -128,7 +121,7 @@ def test_a_pod_is_ready_only_after_its_probe_and_exports_exactly_what_vllm_count
         server.complete("A node sees", max_tokens=16)
         after = probe_gauges(http_text(server.url + "/metrics"))
         assert after == figures
-        assert server.counters()[REQUEST_SUCCESS] == len(PROMPTS) + 1
+        assert server.counters()[REQUEST_SUCCESS] == len(PROBE_PROMPTS) + 1
     finally:
         server.stop()
 

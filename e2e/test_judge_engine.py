@@ -45,6 +45,7 @@ from engine_cluster import (
 from engine_harness import engine_python, tiny_models
 from load import PerPodLoad
 from query_faults import QueryFaultProxy, query_fault_proxy
+from specdeploy.engine.tiny_models import PROBE_PROMPTS
 from test_kubectl_plugin import Plugin
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
 
@@ -57,14 +58,6 @@ ENGINE_READY_S = 600
 VERDICT_S = 600
 #: Pacing only: one verdict every 20 s over the last 60 s. Every criterion is the default.
 ANALYSIS = {"interval": "20s", "window": "60s"}
-PROBE_PROMPTS = [
-    "The cat sat on the",
-    "In the morning the queue",
-    "A node sees",
-    "The scheduler places the pod on",
-    "Every small engine serves",
-    "This careful teacher reads",
-]
 #: Long prompts, each sent again and again: a pair with prefix caching prefills them once.
 LONG = [
     " ".join(f"the {adj} {noun} sees a {noun} at night" for adj, noun in pairs)

@@ -43,6 +43,17 @@ HIDDEN_SIZE = 256
 TARGET_LAYERS = 4
 EAGLE3_AUX_LAYERS = [1, 2, 3]
 SEED = 20261122
+#: Prompts in the tiny models' words that the probe runs in the tests and the judge's bench: on
+#: draft-small (greedy, k=3) their acceptance spans 0.67 ("A node sees") to 1.00 ("The
+#: scheduler places the pod on").
+PROBE_PROMPTS = (
+    "The cat sat on the",
+    "In the morning the queue",
+    "A node sees",
+    "The scheduler places the pod on",
+    "Every small engine serves",
+    "This careful teacher reads",
+)
 
 _WORDS = {
     "det": ["the", "a", "every", "one", "this", "that", "some", "no"],
