@@ -297,6 +297,15 @@ def get_sd(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
     return found
 
 
+def sd_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    """The SD's status ({} before the SD exists or while it cannot be read)."""
+    done = kubectl.run("get", "sd", name, "-n", namespace, "-o", "json", check=False)
+    if done.returncode != 0:
+        return {}
+    found: dict[str, Any] = json.loads(done.stdout).get("status") or {}
+    return found
+
+
 def condition(sd: Mapping[str, Any], type_: str) -> dict[str, Any]:
     """The condition of this type in the SD's status ({} when absent)."""
     for found in (sd.get("status") or {}).get("conditions") or []:
@@ -400,8 +409,7 @@ def what_the_operator_measured(
     logged of each revision, and the draft-token series Prometheus holds for the namespace
     (when each pod was first scraped, and at what value)."""
     lines = [f"what the operator measured of {namespace}/{name}:"]
-    done = kubectl.run("get", "sd", name, "-n", namespace, "-o", "json", check=False)
-    status: dict[str, Any] = (json.loads(done.stdout).get("status") or {}) if done.stdout else {}
+    status = sd_status(kubectl, namespace, name)
     figures = ["phase", "stableRevision", "canaryRevision", "acceptanceRate"]
     figures += ["meanAcceptanceLength", "measuredAt"]
     lines.append("  status: " + ", ".join(f"{key}={status.get(key)}" for key in figures))

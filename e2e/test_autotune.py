@@ -26,6 +26,7 @@ from engine_cluster import (
     get_sd,
     operator_config,
     revision_pods,
+    sd_status,
     tiny_sd,
 )
 from engine_harness import engine_python, tiny_models
@@ -64,11 +65,7 @@ def tuned_sd(namespace: str, models: dict[str, str], autotune: dict[str, Any]) -
 
 
 def status_of(kubectl: Kubectl, namespace: str) -> dict[str, Any]:
-    done = kubectl.run("get", "sd", SD, "-n", namespace, "-o", "json", check=False)
-    if done.returncode != 0:
-        return {}
-    found: dict[str, Any] = json.loads(done.stdout).get("status") or {}
-    return found
+    return sd_status(kubectl, namespace, SD)
 
 
 def deployments_of(kubectl: Kubectl, namespace: str) -> dict[str, int]:

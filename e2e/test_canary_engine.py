@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import signal
 import time
@@ -31,6 +30,7 @@ from engine_cluster import (
     get_sd,
     operator_config,
     revision_pods,
+    sd_status,
     tiny_sd,
 )
 from engine_harness import engine_python, tiny_models
@@ -98,11 +98,7 @@ class Bed:
 
     def status(self) -> dict[str, Any]:
         """The SD's status ({} before the SD exists)."""
-        done = self.kubectl.run("get", "sd", SD, "-n", self.namespace, "-o", "json", check=False)
-        if done.returncode != 0:
-            return {}
-        found: dict[str, Any] = json.loads(done.stdout).get("status") or {}
-        return found
+        return sd_status(self.kubectl, self.namespace, SD)
 
     def load(self) -> CompletionLoad:
         return CompletionLoad(

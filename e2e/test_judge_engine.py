@@ -36,9 +36,11 @@ from engine_cluster import (
     OperatorProcess,
     apply_crds,
     condition,
+    get_sd,
     operator_config,
     prometheus_value,
     revision_pods,
+    sd_status,
     tiny_pair,
     tiny_sd,
 )
@@ -104,15 +106,10 @@ class Bed:
         self.proxy = proxy
 
     def status(self) -> dict[str, Any]:
-        done = self.kubectl.run("get", "sd", SD, "-n", self.namespace, "-o", "json", check=False)
-        if done.returncode != 0:
-            return {}
-        found: dict[str, Any] = json.loads(done.stdout).get("status") or {}
-        return found
+        return sd_status(self.kubectl, self.namespace, SD)
 
     def sd(self) -> dict[str, Any]:
-        found: dict[str, Any] = self.kubectl.get_json("sd", SD, "-n", self.namespace)
-        return found
+        return get_sd(self.kubectl, self.namespace, SD)
 
     def apply(
         self, draft: str | None, version: str, *, tokens: int = 3, extra: Sequence[str] = ()
