@@ -12,6 +12,8 @@ import pytest
 from fake_kube import FakeKube, kwok_gpu_nodes
 from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.reconcile import Reconciler
+from specdeploy.plan.decide import Decision, settle
+from specdeploy.plan.rollout.revisions import RolloutEvent
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 
@@ -117,6 +119,60 @@ def test_a_new_draft_revision_rolls_forward_only_once_ready() -> None:
     reconciler.reconcile("ns", "chat")
     assert kube.deployments() == {first: 0, second: 1}
     assert status(kube)["stableRevision"] == second.removeprefix("chat-")
+
+
+class StatusWrites(FakeKube):
+    """Records every status patch."""
+
+    def __init__(self) -> None:
+        super().__init__(NODES)
+        self.patches: list[dict[str, Any]] = []
+
+    def patch_status(self, namespace: str, name: str, patch: Any) -> None:
+        self.patches.append(dict(patch))
+        super().patch_status(namespace, name, patch)
+
+
+def test_the_reconcile_that_creates_a_revision_writes_one_status_that_already_names_it() -> None:
+    # Between an SD's create and its Ready stand the reconcile that writes the Deployment and
+    # the one its readiness starts; the Deployment's earlier watch events (the controller's own
+    # status writes) start reconciles too, and a status write by one of them just to name the
+    # new revision holds the SD when the readiness event comes.
+    kube = StatusWrites()
+    _, reconciler, _ = setup(sd_body(), kube)
+    reconciler.reconcile("ns", "chat")
+    [name] = kube.deployments()
+    assert len(kube.patches) == 1, "one status write"
+    [revision] = status(kube)["revisions"]
+    assert revision["revision"] == name.removeprefix("chat-")
+    assert revision["phase"] == "Pending"
+
+    writes = kube.write_requests
+    reconciler.reconcile("ns", "chat")
+    assert kube.write_requests == writes, "the next reconcile, nothing changed, writes nothing"
+
+
+def test_a_decision_is_not_settled_by_one_that_would_still_write_or_tell_something_new() -> None:
+    news = RolloutEvent("NewRevision", "revision abc created")
+    ready = RolloutEvent("AllReplicasReady", "Ready=True: 1/1")
+    first = Decision(
+        applies=({"kind": "Deployment"},),
+        status_patch={"phase": "Pending"},
+        events=(news,),
+    )
+    settled = Decision(
+        status_patch={"phase": "Progressing"}, events=(ready,), status_events=(ready,)
+    )
+    assert settle(first, settled) == Decision(
+        applies=first.applies,
+        status_patch={"phase": "Progressing"},
+        events=(news, ready),
+        status_events=(ready,),
+    )
+    still_writing = Decision(applies=({"kind": "Service"},), status_patch={"phase": "x"})
+    assert settle(first, still_writing) is first
+    telling_more = Decision(status_patch={"phase": "x"}, events=(RolloutEvent("Other", "o"),))
+    assert settle(first, telling_more) is first
 
 
 class PodsAskedFor(FakeKube):

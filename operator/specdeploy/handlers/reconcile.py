@@ -3,8 +3,11 @@
 Observe reads one snapshot (the SD, its revision Deployments and their records, the Service and
 PodMonitor, pods, nodes, Kueue's Workloads, LocalQueue and WorkloadPriorityClass, model shapes);
 `plan.decide.decide` turns it into every write and Event with no I/O; apply sends them in
-order. A reconcile that finds every child holding its desired fields and the status exact sends
-nothing.
+order. A reconcile that writes children reads them again (the stores hold the API server's
+answers to its writes) and decides once more before it writes status (`plan.decide.settle`), so
+the status names what the writes made rather than leaving that to one more status write by the
+reconcile their watch events start. A reconcile that finds every child holding its desired
+fields and the status exact sends nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
@@ -32,7 +36,7 @@ from specdeploy.plan.children.manifests import (
     RECORD_API_VERSION,
     RECORD_KIND,
 )
-from specdeploy.plan.decide import Decision, Snapshot, decide, watches_acceptance
+from specdeploy.plan.decide import Decision, Snapshot, decide, settle, watches_acceptance
 from specdeploy.plan.placement.gpu_catalog import catalog_for_config
 from specdeploy.plan.placement.kueue import (
     KUEUE_WORKLOAD_CRD,
@@ -119,8 +123,13 @@ class Reconciler:
         writes = self.kube.write_requests
         with self.metrics.reconcile_seconds.time():
             try:
-                decision = decide(self.observe(body), self.config, self.catalog, self.clock())
-                self.apply(body, decision)
+                snapshot, now = self.observe(body), self.clock()
+                decision = decide(snapshot, self.config, self.catalog, now)
+                self.apply_children(body, decision)
+                if decision.writes_children:
+                    after = replace(snapshot, **self._children(snapshot.body))
+                    decision = settle(decision, decide(after, self.config, self.catalog, now))
+                self.apply_status(body, decision)
             except WriteRefusedError as error:
                 self.metrics.reconciles.labels("error").inc()
                 self.record_refusal(body, status, generation, error)
@@ -179,41 +188,15 @@ class Reconciler:
     def observe(self, body: Mapping[str, Any]) -> Snapshot:
         """One read of everything the decision depends on."""
         sd = SpeculativeDeployment.from_body(dict(body))
-        namespace, name, uid = sd.metadata.namespace or "", sd.metadata.name, sd.metadata.uid
-        selector = f"{labels.NAME}={name}"
+        namespace = sd.metadata.namespace or ""
         queue = sd.spec.placement.queue
         priority_class = sd.spec.placement.priority_class if queue else None
-        pod_monitor_served = self.kube.has_pod_monitor_crd()
-        deployments = [
-            d for d in self.kube.list_deployments(namespace, selector) if _owned_by(d, uid)
-        ]
-        lws_served = self.kube.serves_leader_worker_sets()
-        sets = [
-            s
-            for s in (self.kube.list_leader_worker_sets(namespace, selector) if lws_served else [])
-            if _owned_by(s, uid)
-        ]
+        children = self._children(body)
+        deployments, sets = children["deployments"], children["leader_worker_sets"]
         return Snapshot(
             body=body,
             nodes=self.kube.list_gpu_nodes(),
-            deployments=deployments,
-            leader_worker_sets=sets,
-            leader_worker_sets_served=lws_served,
-            records=[
-                r
-                for r in self.kube.list_objects(
-                    RECORD_API_VERSION, RECORD_KIND, namespace, selector
-                )
-                if _owned_by(r, uid)
-            ],
-            service=self.kube.get("v1", "Service", namespace, name),
-            pod_monitor_served=pod_monitor_served,
-            pod_monitor=(
-                self.kube.get(POD_MONITOR_API_VERSION, "PodMonitor", namespace, name)
-                if pod_monitor_served
-                else None
-            ),
-            pods=self.kube.list_pods(namespace, selector),
+            **children,
             workloads=self.kube.list_workloads(namespace) if queue else [],
             local_queue=self.kube.get_local_queue(namespace, queue) if queue else None,
             priority_class=(
@@ -226,6 +209,43 @@ class Reconciler:
             autotune=self._autotune_measurement(sd),
             autotune_trial=self._autotune_measurement(sd, trial=True),
         )
+
+    def _children(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The SD's children and pods, as the Snapshot fields of those names."""
+        metadata = body.get("metadata") or {}
+        namespace, name = metadata.get("namespace") or "", metadata.get("name") or ""
+        uid = metadata.get("uid")
+        selector = f"{labels.NAME}={name}"
+        pod_monitor_served = self.kube.has_pod_monitor_crd()
+        lws_served = self.kube.serves_leader_worker_sets()
+        return {
+            "deployments": [
+                d for d in self.kube.list_deployments(namespace, selector) if _owned_by(d, uid)
+            ],
+            "leader_worker_sets": [
+                s
+                for s in (
+                    self.kube.list_leader_worker_sets(namespace, selector) if lws_served else []
+                )
+                if _owned_by(s, uid)
+            ],
+            "leader_worker_sets_served": lws_served,
+            "records": [
+                r
+                for r in self.kube.list_objects(
+                    RECORD_API_VERSION, RECORD_KIND, namespace, selector
+                )
+                if _owned_by(r, uid)
+            ],
+            "service": self.kube.get("v1", "Service", namespace, name),
+            "pod_monitor_served": pod_monitor_served,
+            "pod_monitor": (
+                self.kube.get(POD_MONITOR_API_VERSION, "PodMonitor", namespace, name)
+                if pod_monitor_served
+                else None
+            ),
+            "pods": self.kube.list_pods(namespace, selector),
+        }
 
     def _autotune_measurement(
         self, sd: SpeculativeDeployment, *, trial: bool = False
@@ -349,10 +369,9 @@ class Reconciler:
         data = (secret or {}).get("data") or {}
         return base64.b64decode(data[ref.key]).decode() if ref.key in data else None
 
-    def apply(self, body: Mapping[str, Any], decision: Decision) -> None:
-        """Sends the decision's writes, then hands its Events to the poster."""
-        metadata = body.get("metadata") or {}
-        namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
+    def apply_children(self, body: Mapping[str, Any], decision: Decision) -> None:
+        """Sends every write of the decision but the status."""
+        namespace = (body.get("metadata") or {}).get("namespace", "")
         for record_name in decision.replace_records:
             self.kube.delete(RECORD_API_VERSION, RECORD_KIND, namespace, record_name)
         # The Deployments before their records: a new revision's pods start one request
@@ -378,6 +397,11 @@ class Reconciler:
                 "ProbeJudged",
                 "the operator judged this revision's probe; the pod may take requests",
             )
+
+    def apply_status(self, body: Mapping[str, Any], decision: Decision) -> None:
+        """Writes the decision's status, then hands its Events to the poster."""
+        metadata = body.get("metadata") or {}
+        namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
         if decision.status_patch:
             self.kube.patch_status(namespace, name, decision.status_patch)
         for event in decision.events:

@@ -9,9 +9,13 @@ each one's result an input of the next, never patched afterwards:
       → check_pair (the launcher's verdict) → judge_revisions (stable, canary, its verdict)
       → plan_revisions (replicas) → plan_child_writes (manifests that differ)
       → report_status → collect_events
+
+A reconcile that writes children decides once more on the same snapshot with those children as
+its writes left them, and `settle` sends that decision's status instead (the status then names
+what the writes made).
 """
 
-from specdeploy.plan.decide.pipeline import decide
+from specdeploy.plan.decide.pipeline import decide, settle
 from specdeploy.plan.decide.snapshot import Decision, Snapshot
 from specdeploy.plan.decide.stages import ServedPair, serve_pair
 from specdeploy.plan.rollout.canary import analysed, watches_acceptance
@@ -23,5 +27,6 @@ __all__ = [
     "analysed",
     "decide",
     "serve_pair",
+    "settle",
     "watches_acceptance",
 ]

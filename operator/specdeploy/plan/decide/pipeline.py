@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from specdeploy.api.config import OperatorConfig
@@ -16,11 +17,36 @@ from specdeploy.plan.decide.stages import (
     plan_revisions,
     read_world,
     report_status,
+    status_events,
     wake_at,
 )
 from specdeploy.plan.placement.gpu_catalog import GpuProduct
 from specdeploy.plan.placement.sizing import ShapeUnknown
 from specdeploy.plan.status.report import status_patch
+
+
+def settle(first: Decision, after: Decision) -> Decision:
+    """`first` with the status and condition Events of `after`, the decision taken on the same
+    snapshot once `first`'s child writes are in it (as the API server answered them): a
+    reconcile that writes children reports the world its writes made, so the reconcile their
+    watch events start has no status to write just to name a revision this one created.
+
+    `first` as it was when the world is not settled: `after` would write children too, or
+    would post an Event (other than of a condition) that `first` does not."""
+    if after.writes_children:
+        return first
+    others = first.events[: len(first.events) - len(first.status_events)]
+    news = after.events[: len(after.events) - len(after.status_events)]
+    if not set(news) <= set(others):
+        return first
+    return replace(
+        first,
+        status_patch=after.status_patch,
+        events=(*others, *after.status_events),
+        status_events=after.status_events,
+        acceptance_rate=after.acceptance_rate,
+        wake_at=after.wake_at,
+    )
 
 
 def decide(
@@ -37,6 +63,7 @@ def decide(
     plan = plan_revisions(world, serving, canary)
     children = choose_child_writes(snapshot, world, serving, plan, config)
     status = report_status(snapshot, world, serving, pair=pair, canary=canary, plan=plan, now=now)
+    told = status_events(snapshot, status)
     sized = serving.pair.sized
     sets = {r.name for r in world.revisions if r.kind == "LeaderWorkerSet"}
     return Decision(
@@ -48,8 +75,9 @@ def decide(
         delete_sets=tuple(name for name in plan.delete if name in sets),
         status_patch=status_patch(snapshot.body.get("status") or {}, status),
         events=collect_events(
-            snapshot, serving, pair=pair, canary=canary, plan=plan, children=children, status=status
+            serving, pair=pair, canary=canary, plan=plan, children=children, told=told
         ),
+        status_events=told,
         shape_unknown=sized.message if isinstance(sized, ShapeUnknown) else None,
         acceptance_rate=status.get("acceptanceRate"),
         wake_at=wake_at(world, serving, canary, now),

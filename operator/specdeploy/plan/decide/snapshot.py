@@ -71,6 +71,8 @@ class Decision:
     #: The merge patch of status; empty when nothing differs.
     status_patch: dict[str, Any] = field(default_factory=dict)
     events: tuple[RolloutEvent, ...] = ()
+    #: The Events of condition changes: the last of `events`, those the status patch tells.
+    status_events: tuple[RolloutEvent, ...] = ()
     #: Why the pair could not be sized, when a model's shape is unknown (for the log).
     shape_unknown: str | None = None
     #: The serving revision's acceptance rate as the status now holds it (for /metrics).
@@ -80,3 +82,16 @@ class Decision:
     #: Pods whose probe readiness gate opens (their revision's probe was judged): the pod
     #: condition specdeploy.dev/probe-judged is set True on each.
     open_gates: tuple[str, ...] = ()
+
+    @property
+    def writes_children(self) -> bool:
+        """Whether any write but the status is sent (children, their records, pod gates)."""
+        return bool(
+            self.replace_records
+            or self.create_records
+            or self.applies
+            or self.scales
+            or self.deletes
+            or self.delete_sets
+            or self.open_gates
+        )

@@ -397,17 +397,16 @@ def report_status(
 
 
 def collect_events(
-    snapshot: Snapshot,
     serving: Serving,
     *,
     pair: PairVerdict,
     canary: CanaryDecision,
     plan: RolloutPlan,
     children: ChildWrites,
-    status: Mapping[str, Any],
+    told: Sequence[RolloutEvent],
 ) -> tuple[RolloutEvent, ...]:
-    """Every Event of this reconcile, in the order a person reads them in `kubectl describe`."""
-    current = snapshot.body.get("status") or {}
+    """Every Event of this reconcile, in the order a person reads them in `kubectl describe`;
+    `told`, those of the status's condition changes (status_events), come last."""
     return (
         *plan.events,
         *analysis_events(canary),
@@ -415,8 +414,14 @@ def collect_events(
         *serving.guard.events,
         *serving.tuning.events,
         *children.events,
-        *condition_events(current.get("conditions") or [], status["conditions"]),
+        *told,
     )
+
+
+def status_events(snapshot: Snapshot, status: Mapping[str, Any]) -> tuple[RolloutEvent, ...]:
+    """The Events of the conditions `status` changes from those the SD holds."""
+    current = snapshot.body.get("status") or {}
+    return tuple(condition_events(current.get("conditions") or [], status["conditions"]))
 
 
 def wake_at(
