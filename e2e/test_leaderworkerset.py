@@ -109,11 +109,14 @@ def test_the_405b_example_serves_through_a_group_and_a_canary_waits_for_a_whole_
     kubectl.apply([body])
 
     def waiting() -> dict[str, Any] | None:
+        # The condition says WaitingForQuota from the canary's first gated pod; what the group
+        # lacks comes once Kueue has tried to reserve quota for its Workload.
         found = sd_of(kubectl, namespace, NAME)
         admitted = condition(found, "Admitted")
-        return found if admitted.get("reason") == "WaitingForQuota" else None
+        told = admitted.get("reason") == "WaitingForQuota" and " lacks " in admitted["message"]
+        return found if told else None
 
-    sd = eventually(waiting, 90, "the canary group waiting for quota")
+    sd = eventually(waiting, 90, "the canary group waiting for quota, with what it lacks")
     canary = sd["status"]["canaryRevision"]
     assert canary
     assert canary != stable
