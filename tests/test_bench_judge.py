@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 
 from bench.judge_accuracy import (
+    ACCURACY_TARGET,
+    CANARIES,
+    RUNS,
     Counters,
+    Windows,
     accuracy_figure,
     judge_run,
     measurement_between,
@@ -125,3 +129,38 @@ def test_accuracy_has_a_wilson_interval_and_a_verdict() -> None:
     assert str(figure.verdict) == "inconclusive"  # 0.82 .. 1.0 straddles 0.9
     assert str(accuracy_figure("b", [True] * 40, load=0.5, context="").verdict) == "met"
     assert str(accuracy_figure("c", [False] * 10, load=0.5, context="").verdict) == "missed"
+    # The default runs can give a verdict when every one is right, 34 verdicts cannot.
+    assert (
+        str(accuracy_figure("d", [True] * RUNS * len(CANARIES), load=0.5, context="").verdict)
+        == "met"
+    )
+    assert wilson(34, 34)[0] < ACCURACY_TARGET
+    # A count, rated whatever the load, which it records.
+    loaded = accuracy_figure("e", [True] * 40, load=9.0, context="")
+    assert (str(loaded.verdict), loaded.load, loaded.load_bound) == ("met", 9.0, None)
+
+
+class _Reads:
+    """Stands in for the running engines: each read gives counters one step further."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def counters(self, _server: object) -> Counters:
+        self.reads += 1
+        return Counters({"vllm:generation_tokens_total": 100.0 * self.reads})
+
+
+def test_live_only_judging_reads_on_where_the_probe_decided_first() -> None:
+    reads, slept = _Reads(), list[float]()
+    windows = Windows(reads, "canary", "stable", sleep=slept.append)  # type: ignore[arg-type]
+    assert reads.reads == 2  # the run's start, both engines
+    # The judge with the probe decided at its probe: no live window was read. Live traffic
+    # alone is still judged, on windows read from then on, an interval apart.
+    canary, stable = windows.replay(1)
+    assert len(windows.snapshots) == 3
+    assert slept == [20.0, 20.0]
+    assert canary.decode_tokens == stable.decode_tokens == 400.0  # both windows from the start
+    # A window already read is replayed as it was, without waiting.
+    windows.replay(0)
+    assert (len(windows.snapshots), len(slept)) == (3, 2)
