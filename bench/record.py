@@ -53,11 +53,16 @@ def commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
+#: The commit whose code this process runs: read once, as the benchmark starts, since HEAD may
+#: move while a long part runs.
+RUNNING_COMMIT = commit()
+
+
 def machine() -> dict[str, Any]:
     """Where and when: the context every result file carries."""
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit(),
+        "commit": RUNNING_COMMIT,
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),

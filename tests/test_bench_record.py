@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from pathlib import Path
 
@@ -64,3 +65,13 @@ def test_a_result_is_written_with_its_machine_and_read_back(tmp_path: Path) -> N
 )
 def test_every_benchmark_imports_and_has_a_main(module: str) -> None:
     assert callable(importlib.import_module(module).main)
+
+
+def test_a_result_names_the_commit_its_code_came_from_not_a_later_head(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # HEAD moves while a part runs (a commit lands): the result still names the code that ran.
+    monkeypatch.setattr(record, "commit", lambda: "later00")
+    written = record.write_result("x", {}, results=tmp_path)
+    assert record.RUNNING_COMMIT not in ("later00", "")
+    assert json.loads(written.read_text())["machine"]["commit"] == record.RUNNING_COMMIT
