@@ -32,8 +32,9 @@ from specdeploy.adapters.prometheus import (
     window_increase,
 )
 
-# What the stand-in answers to each of the reader's queries, by figure.
-ANSWERS = {
+# What the stand-in answers to each of the reader's queries, by figure: a number, or a vector
+# of (labels, number).
+ANSWERS: dict[str, str | list[tuple[dict[str, str], str]]] = {
     "acceptance_rate": "0.75",
     "mean_acceptance_length": "2.5",
     "draft_tokens": "4200",
@@ -49,11 +50,36 @@ ANSWERS = {
 QUERIES = {query: name for name, query in measurement_queries("serving", "abc123", "5m").items()}
 
 
+def autotune_answers(revision: str, scraped_max: str) -> dict[str, str]:
+    """The stand-in's answers to the autotuner's queries for `revision`: 100 decode steps and 10
+    prefills in 110 engine steps (one sequence a step), and what the gauge showed at scrapes."""
+    figures = {
+        "drafts": "100",
+        "draft_tokens": "100",
+        "step_seconds": "0.01",
+        "decode_steps": "100",
+        "first_tokens": "10",
+        "engine_steps": "110",
+        "scraped_max_batch_size": scraped_max,
+    }
+    queries = autotune_queries("serving", revision, "5m")
+    return {queries[name]: value for name, value in figures.items()}
+
+
+# By query: the autotuner's, for a revision whose short batches fell between scrapes and for
+# one whose scrapes caught three at once.
+BY_QUERY = {**autotune_answers("between", "0"), **autotune_answers("caught", "3")}
+
+
 class FakePrometheus(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)["query"][0]
         name = QUERIES.get(query)
-        result = [] if name is None else [{"metric": {}, "value": [0, ANSWERS[name]]}]
+        value = ANSWERS[name] if name is not None else BY_QUERY.get(query)
+        if isinstance(value, list):
+            result = [{"metric": labels, "value": [0, number]} for labels, number in value]
+        else:
+            result = [] if value is None else [{"metric": {}, "value": [0, value]}]
         body = {"status": "success", "data": {"resultType": "vector", "result": result}}
         self.send_response(200)
         self.end_headers()
@@ -218,14 +244,25 @@ def test_unreachable_prometheus_is_a_measurement_with_the_error() -> None:
     assert measured.acceptance_rate is None
 
 
-def test_autotune_batch_sizes_are_gauges_averaged_over_the_window() -> None:
+def test_the_autotuner_counts_its_mean_batch_and_bounds_the_scraped_largest_by_it(
+    prometheus: str,
+) -> None:
     queries = autotune_queries("serving", "abc123", "5m")
-    assert queries["mean_batch_size"] == (
-        f"avg(avg_over_time(vllm:num_requests_running{SELECTOR}[5m]))"
-    )
-    assert queries["max_batch_size"] == (
+    assert queries["decode_steps"] == counted(INTER_TOKEN_LATENCY_COUNT)
+    assert queries["first_tokens"] == counted(TIME_TO_FIRST_TOKEN_COUNT)
+    assert queries["engine_steps"] == counted(ENGINE_STEPS)
+    assert queries["scraped_max_batch_size"] == (
         f"max(max_over_time(vllm:num_requests_running{SELECTOR}[5m]))"
     )
+    reader = PrometheusReader(prometheus)
+    # Every step ran a sequence, yet each scrape fell between requests and read the gauge at 0.
+    between = reader.measure_autotune("serving", "between", "5m")
+    assert between.error is None
+    assert between.mean_batch_size == pytest.approx(1.0)  # (100 + 10) / 110
+    assert between.max_batch_size == pytest.approx(1.0)
+    caught = reader.measure_autotune("serving", "caught", "5m")
+    assert caught.mean_batch_size == pytest.approx(1.0)
+    assert caught.max_batch_size == pytest.approx(3.0)
 
 
 def test_per_position_answers_are_ordered_by_position_with_gaps_as_zero() -> None:

@@ -30,7 +30,7 @@ from requests.exceptions import RequestException
 from urllib3.util.retry import Retry
 
 from specdeploy.api.contract import PROBE_GAUGES, PROBE_METRIC_PREFIX, PROBE_PER_POSITION_GAUGE
-from specdeploy.plan.rollout.analysis import Measurement
+from specdeploy.plan.rollout.analysis import Measurement, running_batch
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement
 from specdeploy.plan.rollout.probe import ProbeResult
 
@@ -163,18 +163,26 @@ def autotune_queries(namespace: str, revision: str, window: str) -> dict[str, st
 
     All but `accepted_per_position` (a vector by position) are single numbers. The step time is
     the mean inter-token latency (sum over count), which vLLM observes once per decode step of
-    each sequence; the batch sizes are the running sequences per pod, averaged over the pods.
+    each sequence. The mean batch is counted, as the canary's is (`running_batch`: sequence
+    steps over engine steps); only the largest batch comes from the running-requests gauge, as
+    the scrapes saw it, since no counter holds a maximum.
     """
     selector = revision_selector(namespace, revision)
+
+    def counted(metric: str) -> str:
+        return window_increase(metric, selector, window)
+
     return {
-        "drafts": window_increase(DRAFTS, selector, window),
-        "draft_tokens": window_increase(DRAFT_TOKENS, selector, window),
+        "drafts": counted(DRAFTS),
+        "draft_tokens": counted(DRAFT_TOKENS),
         "accepted_per_position": window_increase(
             ACCEPTED_PER_POSITION, selector, window, ("position",)
         ),
         "step_seconds": _mean_step_seconds(selector, window),
-        "mean_batch_size": f"avg(avg_over_time({RUNNING}{selector}[{window}]))",
-        "max_batch_size": f"max(max_over_time({RUNNING}{selector}[{window}]))",
+        "decode_steps": counted(INTER_TOKEN_LATENCY_COUNT),
+        "first_tokens": counted(TIME_TO_FIRST_TOKEN_COUNT),
+        "engine_steps": counted(ENGINE_STEPS),
+        "scraped_max_batch_size": f"max(max_over_time({RUNNING}{selector}[{window}]))",
     }
 
 
@@ -304,11 +312,16 @@ class PrometheusReader:
             found = {name: self._instant(query) for name, query in queries.items()}
         except PrometheusUnavailableError as error:
             return AutotuneMeasurement(error=str(error))
+        mean = running_batch(found["decode_steps"], found["first_tokens"], found["engine_steps"])
+        scraped = found["scraped_max_batch_size"]
+        # A scrape can fall between batches that lasted less than its interval (a gauge read 0
+        # while the counters show every step ran at least one sequence): the mean bounds it.
+        largest = max((v for v in (scraped, mean) if v is not None), default=None)
         return AutotuneMeasurement(
             drafts=found["drafts"] or 0.0,
             draft_tokens=found["draft_tokens"] or 0.0,
             accepted_per_position=per_position,
             step_seconds=found["step_seconds"],
-            mean_batch_size=found["mean_batch_size"],
-            max_batch_size=found["max_batch_size"],
+            mean_batch_size=mean,
+            max_batch_size=largest,
         )

@@ -1316,8 +1316,16 @@ class AutotuneInputs(ApiModel):
         max_length=32,
         description="Accepted tokens per draft at each position (0-based), as measured.",
     )
-    mean_batch_size: float | None = Field(default=None, description="Mean running batch size.")
-    max_batch_size: float | None = Field(default=None, description="Largest running batch.")
+    mean_batch_size: float | None = Field(
+        default=None,
+        description="Running sequences per engine step over the window, exact from vLLM's "
+        "counters (sequence steps over engine steps).",
+    )
+    max_batch_size: float | None = Field(
+        default=None,
+        description="The most running sequences a scrape saw in the window, never below "
+        "meanBatchSize (a scrape can fall between short batches).",
+    )
     step_costs: list[AutotuneStepCost] = Field(
         default_factory=list,
         max_length=33,

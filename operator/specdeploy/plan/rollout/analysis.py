@@ -77,6 +77,18 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return None if math.isnan(value) or math.isinf(value) else value
 
 
+def running_batch(
+    decode_steps: float | None, first_tokens: float | None, engine_steps: float | None
+) -> float | None:
+    """Running sequences per engine step, exact from counters: each sequence in a step either
+    decodes (one inter-token latency observation) or finishes its prefill (one time-to-first-token
+    observation), and vLLM observes its iteration-tokens histogram once a step. The canary's
+    load comparison and the autotuner's step costs both read this figure."""
+    if decode_steps is None:
+        return None
+    return _ratio(decode_steps + (first_tokens or 0.0), engine_steps)
+
+
 @dataclass(frozen=True)
 class Measurement:
     """What Prometheus counted of one revision's pods over one window: counters, and
@@ -134,9 +146,7 @@ class Measurement:
     @property
     def batch_size(self) -> float | None:
         """Running sequences per engine step over the window (decode and prefill alike)."""
-        if self.steps is None:
-            return None
-        return _ratio(self.steps + (self.first_tokens or 0.0), self.engine_steps)
+        return running_batch(self.steps, self.first_tokens, self.engine_steps)
 
     @property
     def error_rate(self) -> float | None:
