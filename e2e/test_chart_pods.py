@@ -132,6 +132,27 @@ def restarted_and_ready(operator: ChartOperator, name: str, restarts_before: int
     return False
 
 
+def took_over(operator: ChartOperator, *, killed: str, standby: str) -> None:
+    """Waits for `standby` to hold the Lease once the leader `killed` (a pod) was killed. When it
+    does not, the error names every holder seen since, in order, and the release's pods."""
+    holders: list[str | None] = []
+
+    def standby_holds() -> bool:
+        now = operator.leader()
+        if not holders or holders[-1] != now:
+            holders.append(now)
+        return now == standby
+
+    try:
+        eventually(standby_holds, 90, f"{standby} holding the Lease")
+    except TimeoutError as error:
+        pods = [p["metadata"]["name"] for p in operator.pods()]
+        raise TimeoutError(
+            f"{error}; the holders seen since {killed} was killed, in order: {holders}; the "
+            f"release's pods: {pods}"
+        ) from error
+
+
 def describe(kubectl: Kubectl, operator: ChartOperator) -> str:
     """What to look at when the release does not come up: its pods and their logs."""
     namespace = operator.namespace
@@ -222,7 +243,7 @@ def test_the_charts_two_operator_pods_elect_a_leader_fail_over_and_survive_upgra
             60,
             f"{leader}'s container restarted and Ready",
         )
-        eventually(lambda: operator.leader() == standby, 90, f"{standby} holding the Lease")
+        took_over(operator, killed=leader, standby=standby)
         where = f"Lease {namespace}/{operator.lease}"
         assert f"standing by: {where} is held by {held_by}" in operator.log_of(leader)
         kubectl.apply([llama_8b("chat", watched, draft_revision="eagle3-r2")])
@@ -327,7 +348,7 @@ def test_the_standby_operator_pod_finishes_a_canary_when_the_leader_is_killed_du
 
             canary = eventually(canary_analysed, ENGINE_READY_S, "the canary's analysis begun")
             kill_pod(kubectl, namespace, leader)
-            eventually(lambda: operator.leader() == standby, 90, f"{standby} holding the Lease")
+            took_over(operator, killed=leader, standby=standby)
             promoted = eventually(
                 lambda: (r := serving_revision(kubectl, watched, SD)) != stable and r,
                 ENGINE_READY_S,
