@@ -263,6 +263,10 @@ def test_2_a_pair_with_another_k_is_promoted_when_faster_per_token(bed: Bed) -> 
     verdicts = bed.verdicts(canary)
     print(f"\nverdicts: {json.dumps(verdicts, indent=1)}")
     assert analysis["outcome"] == "Promote", verdicts
+    # Its acceptance was compared on the draft position both propose, not on its rate (a longer
+    # k's later positions are accepted less).
+    [probed] = [v for v in verdicts if v["source"] == "Probe"]
+    assert "over the first position (the canary drafts 3, the stable 1)" in probed["message"]
     ratios = [
         v["timePerOutputTokenSeconds"] / v["stableTimePerOutputTokenSeconds"]
         for v in live(verdicts, "Pass")

@@ -88,13 +88,59 @@ def test_a_drop_against_a_stable_with_a_draft_fails_but_not_against_one_without(
     stable = served(0.012, k=4, accepted_per_step=4).measurement()  # 1.00, 5 tokens a step
     with_draft = judge_interval(canary, stable, stable_has_draft=True, criteria=CRITERIA)
     assert with_draft.result == Result.FAIL
-    assert "acceptance 0.67 is 0.33 below the stable's 1.00" in with_draft.message
+    assert (
+        "acceptance 0.67 over the first 3 positions (the canary drafts 3, the stable 4) is 0.33 "
+        "below the stable's 1.00" in with_draft.message
+    )
     # Judged on the probe's identical prompts instead (the drop was judged there): the live
     # acceptance of two prompt mixes is not compared, only the latency on the probe's tokens.
     same = ProbeTokens(canary=5.0, stable=5.0)
     on_probe = judge_interval(canary, stable, True, CRITERIA, probe=same)
     assert on_probe.result == Result.PASS, on_probe.message
     assert "(1.00x on the probe's tokens per step)" in on_probe.message
+
+
+def with_positions(measured: Measurement, *per_position: float) -> Measurement:
+    """`measured` with these per-position acceptances, and the rate they make."""
+    rate = sum(per_position) / len(per_position)
+    return replace(measured, acceptance_per_position=per_position, acceptance_rate=rate)
+
+
+def test_a_longer_k_is_compared_on_the_positions_both_draft_not_on_its_lower_rate() -> None:
+    # The same draft at k=1 and at k=6: position 0 is accepted as often under both, and the
+    # later positions pull k=6's rate down (each is accepted only after all before it).
+    stable = with_positions(served(0.008, k=1, accepted_per_step=1).measurement(), 0.88)
+    canary = with_positions(
+        served(0.012, k=6, accepted_per_step=3).measurement(), 0.88, 0.80, 0.72, 0.64, 0.56, 0.48
+    )
+    assert canary.acceptance_rate is not None
+    assert stable.acceptance_rate is not None
+    assert stable.acceptance_rate - canary.acceptance_rate > CRITERIA.max_drop_vs_stable
+    verdict = judge_interval(canary, stable, stable_has_draft=True, criteria=CRITERIA)
+    assert verdict.result == Result.PASS, verdict.message
+    # The reverse is alike: a shorter k's rate is higher and never reads as a drop.
+    back = judge_interval(stable, canary, stable_has_draft=True, criteria=CRITERIA)
+    assert "below the stable's" not in back.message, back.message
+
+
+def test_a_worse_draft_at_another_k_still_fails_on_the_positions_both_draft() -> None:
+    stable = with_positions(served(0.008, k=1, accepted_per_step=1).measurement(), 0.88)
+    canary = with_positions(served(0.012, k=3, accepted_per_step=2).measurement(), 0.70, 0.66, 0.6)
+    verdict = judge_interval(canary, stable, stable_has_draft=True, criteria=CRITERIA)
+    assert verdict.result == Result.FAIL, verdict.message
+    assert (
+        "acceptance 0.70 over the first position (the canary drafts 3, the stable 1) is 0.18 "
+        "below the stable's 0.88" in verdict.message
+    )
+
+
+def test_the_same_k_is_compared_on_the_rates() -> None:
+    # Same k: the mean over the positions is the rate, and the message names no positions.
+    canary = with_positions(PAIR, 0.9, 0.5, 0.3)
+    stable = with_positions(PAIR, 0.95, 0.9, 0.85)
+    verdict = judge_interval(canary, stable, stable_has_draft=True, criteria=CRITERIA)
+    assert verdict.result == Result.FAIL
+    assert "acceptance 0.57 is 0.33 below the stable's 0.90 (more than 0.10)" in verdict.message
 
 
 def test_real_buckets_a_pair_a_bucket_above_the_target_alone_yet_faster_per_token_passes() -> None:

@@ -35,6 +35,9 @@ vllm:request_success_total{engine="0",finished_reason="error",model_name="t"} 1.
 # TYPE vllm:iteration_tokens_total histogram
 vllm:iteration_tokens_total_count{engine="0",model_name="t"} 120.0
 vllm:iteration_tokens_total_sum{engine="0",model_name="t"} 400.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="0"} 90.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="1"} 60.0
 """
 
 
@@ -44,6 +47,7 @@ def test_counters_are_summed_by_exact_name_and_failures_by_reason() -> None:
     assert counters.get("vllm:request_success_total") == 10.0
     assert counters.failed == 1.0
     assert counters.get("vllm:iteration_tokens_total_count") == 120.0
+    assert counters.accepted_per_position == {0: 90.0, 1: 60.0}
 
 
 def test_a_window_is_the_growth_of_each_counter() -> None:
@@ -60,8 +64,10 @@ def test_a_window_is_the_growth_of_each_counter() -> None:
             "vllm:request_success_total": 10.0,
         },
         failed=2.0,
+        accepted_per_position={0: 45.0, 1: 35.0, 2: 20.0},
     )
     measured = measurement_between(before, after)
+    assert measured.acceptance_per_position == pytest.approx((0.9, 0.7, 0.4))
     assert measured.time_per_output_token == pytest.approx(0.5 / 150)
     assert measured.tokens_per_step == pytest.approx(3.0)
     assert measured.acceptance_rate == pytest.approx(2 / 3)

@@ -236,6 +236,32 @@ def test_the_probe_fails_a_drop_below_the_stable_on_the_same_prompts_and_errors(
     assert "errors on 50% of the probe's 8 requests" in erred.verdict.message
 
 
+def test_the_probe_compares_another_k_on_the_positions_both_draft() -> None:
+    # The same draft, k=1 beside k=6: its rate is lower by 0.2, its first position as good.
+    k1 = probe(0.88, acceptance_per_position=[0.88])
+    k6 = probe(0.68, acceptance_per_position=[0.88, 0.80, 0.72, 0.64, 0.56, 0.48])
+    longer = Run(probe_configured=True).step(
+        canary=view(ready=False), probes={"canary": k6, "stable": k1}
+    )
+    assert longer.open_gate
+    assert longer.verdict is not None
+    assert longer.verdict.message == (
+        "probe: acceptance 0.68 on the probe's 8 prompts; 0.88 over the first position (the "
+        "canary drafts 6, the stable 1) against the stable's 0.88 on the same prompts"
+    )
+    # A worse draft at k=3 fails on the first position still.
+    worse = probe(0.62, acceptance_per_position=[0.70, 0.62, 0.54])
+    dropped = Run(probe_configured=True).step(
+        canary=view(ready=False), probes={"canary": worse, "stable": k1}
+    )
+    assert dropped.outcome == Outcome.ROLLBACK
+    assert dropped.verdict is not None
+    assert (
+        "acceptance 0.70 over the first position (the canary drafts 3, the stable 1) is 0.18 "
+        "below the stable's 0.88 on the same prompts" in dropped.verdict.message
+    )
+
+
 def test_a_person_aborts_promotes_skips_the_probe_or_pauses() -> None:
     aborted = Run().step(requests=PersonRequests(abort="canary"))
     assert aborted.outcome == Outcome.ROLLBACK

@@ -38,6 +38,8 @@ ANSWERS: dict[str, str | list[tuple[dict[str, str], str]]] = {
     "acceptance_rate": "0.75",
     "mean_acceptance_length": "2.5",
     "draft_tokens": "4200",
+    "drafts": "400",
+    "accepted_per_position": [({"position": "1"}, "240"), ({"position": "0"}, "360")],
     "step_seconds_sum": "12.4",
     "steps": "400",
     "output_tokens": "1040",
@@ -220,6 +222,8 @@ def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:
     assert measured.acceptance_rate == pytest.approx(0.75)
     assert measured.mean_acceptance_length == pytest.approx(2.5)
     assert measured.draft_tokens == pytest.approx(4200)
+    # Accepted at each position over the drafts, position 0 first.
+    assert measured.acceptance_per_position == pytest.approx((0.9, 0.6))
     assert measured.step_seconds == pytest.approx(0.031)
     assert measured.tokens_per_step == pytest.approx(2.5)  # (1040 - 40) / 400
     assert measured.time_per_output_token == pytest.approx(0.0124)

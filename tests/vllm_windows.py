@@ -106,6 +106,8 @@ class Window:
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    #: Accepted tokens by position: a draft's first `accepted_per_step` positions each time.
+    accepted_per_position: list[int] = field(default_factory=list)
     engine_steps: int = 0
     finished: int = 0
     failed: int = 0
@@ -133,6 +135,10 @@ class Window:
                 self.drafts += 1
                 self.draft_tokens += k
                 self.accepted_tokens += accepted_per_step
+                if len(self.accepted_per_position) < k:
+                    self.accepted_per_position += [0] * (k - len(self.accepted_per_position))
+                for position in range(accepted_per_step):
+                    self.accepted_per_position[position] += 1
         self.finished += 1
         self.failed += int(failed)
 
@@ -141,6 +147,7 @@ class Window:
             acceptance_rate=self.accepted_tokens / self.draft_tokens if self.draft_tokens else None,
             mean_acceptance_length=1 + self.accepted_tokens / self.drafts if self.drafts else None,
             draft_tokens=float(self.draft_tokens),
+            acceptance_per_position=tuple(a / self.drafts for a in self.accepted_per_position),
             step_seconds_sum=self.itl.total,
             steps=float(self.itl.count),
             output_tokens=float(self.output_tokens),

@@ -127,6 +127,10 @@ def measurement_queries(namespace: str, revision: str, window: str) -> dict[str,
         "acceptance_rate": f"{counted(ACCEPTED_TOKENS)} / {counted(DRAFT_TOKENS)}",
         "mean_acceptance_length": f"1 + {counted(ACCEPTED_TOKENS)} / {counted(DRAFTS)}",
         "draft_tokens": counted(DRAFT_TOKENS),
+        "drafts": counted(DRAFTS),
+        "accepted_per_position": window_increase(
+            ACCEPTED_PER_POSITION, selector, window, ("position",)
+        ),
         "step_seconds_sum": counted(INTER_TOKEN_LATENCY_SUM),
         "steps": counted(INTER_TOKEN_LATENCY_COUNT),
         "output_tokens": counted(GENERATION_TOKENS),
@@ -242,13 +246,16 @@ class PrometheusReader:
         """The revision's figures over `window`; a failed query is a Measurement with `error`."""
         queries = measurement_queries(namespace, revision, window)
         try:
+            accepted = accepted_by_position(self._vector(queries.pop("accepted_per_position")))
             found = {name: self._instant(query) for name, query in queries.items()}
         except PrometheusUnavailableError as error:
             return Measurement(error=str(error))
+        drafts = found["drafts"]
         return Measurement(
             acceptance_rate=found["acceptance_rate"],
             mean_acceptance_length=found["mean_acceptance_length"],
             draft_tokens=found["draft_tokens"] or 0.0,
+            acceptance_per_position=tuple(a / drafts for a in accepted) if drafts else (),
             step_seconds_sum=found["step_seconds_sum"],
             steps=found["steps"],
             output_tokens=found["output_tokens"],

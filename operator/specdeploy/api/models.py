@@ -756,7 +756,9 @@ class AnalysisSpec(ApiModel):
         le=1,
         description=(
             "A canary whose acceptance rate is more than this below the stable's fails; on the "
-            "probe's prompts when both revisions ran the same probe, else on live traffic."
+            "probe's prompts when both revisions ran the same probe, else on live traffic. With "
+            "another numSpeculativeTokens than the stable's, on the mean acceptance over the "
+            "draft positions both propose (a longer k's later positions are accepted less)."
         ),
     )
     max_time_per_output_token_increase: float | None = Field(

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -90,6 +91,48 @@ def running_batch(
 
 
 @dataclass(frozen=True)
+class AcceptanceCompared:
+    """Two revisions' acceptance, put on the same footing for the drop criterion."""
+
+    mine: float
+    theirs: float
+    #: Set when the two draft a different number of tokens: the positions both propose.
+    positions: int | None = None
+
+    def described(self, canary_k: int, stable_k: int) -> str:
+        if self.positions is None:
+            return ""
+        first = (
+            "the first position" if self.positions == 1 else f"the first {self.positions} positions"
+        )
+        return f" over {first} (the canary drafts {canary_k}, the stable {stable_k})"
+
+
+def acceptance_compared(
+    rate: float,
+    their_rate: float,
+    per_position: Sequence[float],
+    their_per_position: Sequence[float],
+) -> AcceptanceCompared:
+    """The canary's and the stable's acceptance as the drop criterion compares them.
+
+    With the same number of speculative tokens, each revision's acceptance rate. With another
+    number, the rates are not alike: a later position is accepted only when every one before it
+    was, so a longer k has a lower rate for the very same draft, even while it emits more
+    tokens per step. Position i's acceptance (accepted at i over drafts) does not depend on how
+    many positions follow it, so the two are compared on the mean over the positions both
+    propose. Without per-position figures for both, the rates."""
+    shared = min(len(per_position), len(their_per_position))
+    if shared == 0 or len(per_position) == len(their_per_position):
+        return AcceptanceCompared(rate, their_rate)
+    return AcceptanceCompared(
+        sum(per_position[:shared]) / shared,
+        sum(their_per_position[:shared]) / shared,
+        shared,
+    )
+
+
+@dataclass(frozen=True)
 class Measurement:
     """What Prometheus counted of one revision's pods over one window: counters, and
     histograms' sums and counts (no quantile), each summed over the revision's pods."""
@@ -97,6 +140,9 @@ class Measurement:
     acceptance_rate: float | None = None
     mean_acceptance_length: float | None = None
     draft_tokens: float = 0.0
+    #: Accepted per draft by position (0-based), as many positions as the pods' k: the share of
+    #: drafts whose first i+1 tokens were all accepted.
+    acceptance_per_position: tuple[float, ...] = ()
     #: Sum and count of vLLM's inter-token latency: one observation per engine step of each
     #: running sequence (after its first token), whatever the tokens the step emitted.
     step_seconds_sum: float | None = None
@@ -265,11 +311,20 @@ def judge_interval(
         and stable.acceptance_rate is not None
         and rate is not None
     ):
-        drop = stable.acceptance_rate - rate
+        compared = acceptance_compared(
+            rate,
+            stable.acceptance_rate,
+            canary.acceptance_per_position,
+            stable.acceptance_per_position,
+        )
+        drop = compared.theirs - compared.mine
         if drop > criteria.max_drop_vs_stable:
+            over = compared.described(
+                len(canary.acceptance_per_position), len(stable.acceptance_per_position)
+            )
             failures.append(
-                f"acceptance {rate:.2f} is {drop:.2f} below the stable's "
-                f"{stable.acceptance_rate:.2f} (more than {criteria.max_drop_vs_stable:.2f})"
+                f"acceptance {compared.mine:.2f}{over} is {drop:.2f} below the stable's "
+                f"{compared.theirs:.2f} (more than {criteria.max_drop_vs_stable:.2f})"
             )
     latency = _judge_latency(canary, stable, criteria, probe)
     failures += latency.failures

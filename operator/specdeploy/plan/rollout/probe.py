@@ -31,7 +31,12 @@ from typing import Any
 from specdeploy.api import labels
 from specdeploy.api.config import AnalysisSettings
 from specdeploy.api.models import ProbeFigures
-from specdeploy.plan.rollout.analysis import IntervalVerdict, ProbeTokens, Result
+from specdeploy.plan.rollout.analysis import (
+    IntervalVerdict,
+    ProbeTokens,
+    Result,
+    acceptance_compared,
+)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -185,11 +190,20 @@ def judge_probe(
     if same and stable is not None and stable_has_draft and rate is not None:
         their_rate = stable.acceptance_rate
         if their_rate is not None:
-            drop = their_rate - rate
+            mine_k, their_k = canary.acceptance_per_position, stable.acceptance_per_position
+            compared = acceptance_compared(rate, their_rate, mine_k, their_k)
+            over = compared.described(len(mine_k), len(their_k))
+            drop = compared.theirs - compared.mine
             if drop > criteria.max_drop_vs_stable:
                 failures.append(
-                    f"acceptance {rate:.2f} is {drop:.2f} below the stable's {their_rate:.2f} on "
-                    f"the same prompts (more than {criteria.max_drop_vs_stable:.2f})"
+                    f"acceptance {compared.mine:.2f}{over} is {drop:.2f} below the stable's "
+                    f"{compared.theirs:.2f} on the same prompts "
+                    f"(more than {criteria.max_drop_vs_stable:.2f})"
+                )
+            elif compared.positions is not None:
+                figures.append(
+                    f"{compared.mine:.2f}{over} against the stable's {compared.theirs:.2f} on "
+                    "the same prompts"
                 )
             else:
                 figures.append(f"the stable's {their_rate:.2f} on the same prompts")
