@@ -47,6 +47,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import confidence, record
+from specdeploy.adapters.prometheus import ACCEPTED_PER_POSITION
 from specdeploy.api.config import AnalysisSettings
 from specdeploy.api.contract import (
     PROBE_ENV,
@@ -63,6 +64,7 @@ from specdeploy.plan.rollout.analysis import (
     Measurement,
     Outcome,
     Result,
+    acceptance_by_position,
     advance,
     judge_interval,
 )
@@ -144,7 +146,6 @@ class Counters:
         return self.totals.get(name, 0.0)
 
 
-ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 COUNTED = (
     "vllm:spec_decode_num_drafts_total",
     "vllm:spec_decode_num_draft_tokens_total",
@@ -188,18 +189,15 @@ def measurement_between(before: Counters, after: Counters) -> Measurement:
         grown("vllm:spec_decode_num_draft_tokens_total"),
     )
     accepted = grown("vllm:spec_decode_num_accepted_tokens_total")
-    positions = range(max(after.accepted_per_position, default=-1) + 1)
-    per_position = tuple(
+    grown_per_position = [
         max(0.0, after.accepted_per_position.get(i, 0.0) - before.accepted_per_position.get(i, 0.0))
-        / drafts
-        for i in positions
-        if drafts
-    )
+        for i in range(max(after.accepted_per_position, default=-1) + 1)
+    ]
     return Measurement(
         acceptance_rate=accepted / draft_tokens if draft_tokens else None,
         mean_acceptance_length=1 + accepted / drafts if drafts else None,
         draft_tokens=draft_tokens,
-        acceptance_per_position=per_position,
+        acceptance_per_position=acceptance_by_position(grown_per_position, drafts),
         step_seconds_sum=grown("vllm:inter_token_latency_seconds_sum"),
         steps=grown("vllm:inter_token_latency_seconds_count"),
         output_tokens=grown("vllm:generation_tokens_total"),

@@ -30,7 +30,7 @@ from requests.exceptions import RequestException
 from urllib3.util.retry import Retry
 
 from specdeploy.api.contract import PROBE_GAUGES, PROBE_METRIC_PREFIX, PROBE_PER_POSITION_GAUGE
-from specdeploy.plan.rollout.analysis import Measurement, running_batch
+from specdeploy.plan.rollout.analysis import Measurement, acceptance_by_position, running_batch
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement
 from specdeploy.plan.rollout.probe import ProbeResult
 
@@ -250,12 +250,11 @@ class PrometheusReader:
             found = {name: self._instant(query) for name, query in queries.items()}
         except PrometheusUnavailableError as error:
             return Measurement(error=str(error))
-        drafts = found["drafts"]
         return Measurement(
             acceptance_rate=found["acceptance_rate"],
             mean_acceptance_length=found["mean_acceptance_length"],
             draft_tokens=found["draft_tokens"] or 0.0,
-            acceptance_per_position=tuple(a / drafts for a in accepted) if drafts else (),
+            acceptance_per_position=acceptance_by_position(accepted, found["drafts"]),
             step_seconds_sum=found["step_seconds_sum"],
             steps=found["steps"],
             output_tokens=found["output_tokens"],

@@ -98,14 +98,18 @@ class AcceptanceCompared:
     theirs: float
     #: Set when the two draft a different number of tokens: the positions both propose.
     positions: int | None = None
+    canary_k: int = 0
+    stable_k: int = 0
 
-    def described(self, canary_k: int, stable_k: int) -> str:
+    @property
+    def over(self) -> str:
+        """What the figures were taken over, for a verdict's message ("" for the rates)."""
         if self.positions is None:
             return ""
         first = (
             "the first position" if self.positions == 1 else f"the first {self.positions} positions"
         )
-        return f" over {first} (the canary drafts {canary_k}, the stable {stable_k})"
+        return f" over {first} (the canary drafts {self.canary_k}, the stable {self.stable_k})"
 
 
 def acceptance_compared(
@@ -129,7 +133,15 @@ def acceptance_compared(
         sum(per_position[:shared]) / shared,
         sum(their_per_position[:shared]) / shared,
         shared,
+        len(per_position),
+        len(their_per_position),
     )
+
+
+def acceptance_by_position(accepted: Sequence[float], drafts: float | None) -> tuple[float, ...]:
+    """Accepted tokens at each draft position over the drafts: the share of drafts whose first
+    i+1 tokens were all accepted (none without drafts)."""
+    return tuple(a / drafts for a in accepted) if drafts else ()
 
 
 @dataclass(frozen=True)
@@ -319,11 +331,8 @@ def judge_interval(
         )
         drop = compared.theirs - compared.mine
         if drop > criteria.max_drop_vs_stable:
-            over = compared.described(
-                len(canary.acceptance_per_position), len(stable.acceptance_per_position)
-            )
             failures.append(
-                f"acceptance {compared.mine:.2f}{over} is {drop:.2f} below the stable's "
+                f"acceptance {compared.mine:.2f}{compared.over} is {drop:.2f} below the stable's "
                 f"{compared.theirs:.2f} (more than {criteria.max_drop_vs_stable:.2f})"
             )
     latency = _judge_latency(canary, stable, criteria, probe)

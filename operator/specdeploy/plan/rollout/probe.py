@@ -190,9 +190,10 @@ def judge_probe(
     if same and stable is not None and stable_has_draft and rate is not None:
         their_rate = stable.acceptance_rate
         if their_rate is not None:
-            mine_k, their_k = canary.acceptance_per_position, stable.acceptance_per_position
-            compared = acceptance_compared(rate, their_rate, mine_k, their_k)
-            over = compared.described(len(mine_k), len(their_k))
+            compared = acceptance_compared(
+                rate, their_rate, canary.acceptance_per_position, stable.acceptance_per_position
+            )
+            over = compared.over
             drop = compared.theirs - compared.mine
             if drop > criteria.max_drop_vs_stable:
                 failures.append(
