@@ -267,8 +267,8 @@ def scale_rows(scale: dict[str, Any] | None) -> list[tuple[str, str, str, str, s
         if first.get("idle_reads_per_min")
         else None
     )
-    # The operator's 5-minute resync lists each cached kind once whatever the number of SDs:
-    # an idle window that holds it sees up to that many reads at any size.
+    # The stores' check lists at most one object of each cached kind a minute, whatever the
+    # number of SDs: an idle window sees up to that many reads at any size.
     flat = (largest.get("idle_reads_per_min") or 0) <= max(
         1.5 * (first.get("idle_reads_per_min") or 0), RESYNC_LISTS
     )
@@ -336,7 +336,7 @@ def autotune_choice_row(tune: dict[str, Any] | None) -> list[tuple[str, str, str
     ]
 
 
-#: LISTs of one resync of the operator's watch-fed stores (one per cached kind,
+#: LISTs of one round of the stores' check (at most one per cached kind,
 #: adapters.watch_cache.KINDS): reads an idle minute may hold at any number of SDs.
 RESYNC_LISTS = len(watch_cache.KINDS)
 
@@ -356,10 +356,9 @@ LIMITS = {
         "by more than that, and few runs do not average it out"
     ),
     "P2 idle API reads/min": (
-        "observe() reads watch-fed stores; an idle operator's only reads are its relist of "
-        "each cached kind every 5 minutes, in pages of 100 (10 pages a kind at 1,000 SDs), "
-        "with a rediscovery of the API groups when a kind is not served (the PodMonitor CRD "
-        "absent: 28 GETs), and watch renewals; a one-minute window holds one relist or none"
+        "observe() reads watch-fed stores; an idle operator's only reads are the stores' check "
+        "(one LIST of at most one object per kind that holds anything, every 60 s), the Kueue "
+        "webhook check every 5 minutes, and watch renewals"
     ),
     "P2 resync after a restart": (
         "the process start (imports), one LIST of each cached kind in pages of 100, then one "

@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import re
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,10 +43,13 @@ from engine_cluster import WRITE_LINE, OperatorProcess
 from fake_kube import FakeKube, kwok_gpu_nodes
 from specdeploy.adapters.kube import KubeAdapter
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.faults import compact_etcd, restart
 
 pytestmark = pytest.mark.e2e
 
 NAME_LABEL = "specdeploy.dev/name"
+#: The stores' check period of the watch-gap test's operator (the default is 60 s).
+STORE_CHECK_S = 5
 
 
 def kubectl_change(
@@ -261,6 +266,65 @@ DELETED_CHILDREN = (
     ("podmonitor", lambda _: NAME),
 )
 API_PATHS = {"deployment": "deployments", "service": "services", "podmonitor": "podmonitors"}
+
+
+@pytest.mark.usefixtures("sd_crd", "pod_monitor_crd")
+def test_a_child_deleted_during_a_watch_gap_that_lists_nothing_is_made_again(
+    cluster: ClusterEnv, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """The Service deleted while the operator is frozen, and its watches cannot resume: the API
+    server restarts (ending them) before the deletion, and etcd's history is then compacted
+    past them, so kopf gets 410 Gone and lists the Services again, finding none of ours. No
+    handler sees that deletion. The stores' check (one LIST of at most one object per kind,
+    every `storeCheckSeconds`, 5 s here) finds the Service store holding what the server has
+    not; the LIST it asks for removes the Service and reconciles its SD, which makes it again,
+    with the operator's timer 10 minutes away."""
+    config = {**CONFIG, "reconcileIntervalSeconds": 600, "storeCheckSeconds": STORE_CHECK_S}
+    operator = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
+    operator.start()
+    assert operator.process is not None
+    pid = operator.process.pid
+    try:
+        kubectl.apply([scenario_sd(namespace)])
+        eventually(
+            lambda: ready_on(kubectl, namespace, NAME, "nvidia.com/mig-3g.40gb"),
+            120,
+            "Ready on a slice",
+        )
+        before = kubectl.get_json("service", NAME, "-n", namespace)["metadata"]["uid"]
+        offset = len(operator.log_text())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # The restart ends the watch connections first: the deletion is never sent on one
+            # (a frozen process still receives what is sent, and reads it once thawed).
+            restart(cluster, "kube-apiserver")
+            kubectl.run("delete", "service", NAME, "-n", namespace, "--wait=true")
+            revision = compact_etcd(cluster)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        thawed = time.monotonic()
+        print(f"Service deleted; etcd compacted at {revision}; API server restarted")
+
+        def made_again() -> str | None:
+            found = kubectl.run("get", "service", NAME, "-n", namespace, "-o", "json", check=False)
+            if found.returncode != 0:
+                return None
+            uid: str = json.loads(found.stdout)["metadata"]["uid"]
+            return uid if uid != before else None
+
+        eventually(made_again, STORE_CHECK_S + 30, "the Service made again")
+        print(f"Service made again {time.monotonic() - thawed:.1f}s after the thaw")
+        log = operator.log_text()[offset:]
+        assert "the services store holds objects the API server has not" in log, log[-4000:]
+        assert "listing services afresh removed 1 deleted unseen" in log, log[-4000:]
+        path = f"/namespaces/{namespace}/services/{NAME}"
+        assert any(p.endswith(path) for _, p in WRITE_LINE.findall(log)), log[-4000:]
+    finally:
+        kubectl.run(
+            "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
+        )
+        operator.stop()
+        print(f"--- operator log ({operator.log_path}) ---\n{operator.log_tail()}")
 
 
 def first_reconcile(operator: OperatorProcess, offset: int, namespace: str) -> re.Match[str] | None:

@@ -45,6 +45,8 @@ class FakeApiServer:
     snapshots: dict[int, list[Obj]] = field(default_factory=dict)
     #: Each LIST request answered: (verb, namespace, limit, continue token).
     requests: list[tuple[str, str | None, int | None, str | None]] = field(default_factory=list)
+    #: The label selector of each LIST request, in order (None: none).
+    selectors: list[str | None] = field(default_factory=list)
     #: Called before each LIST request is answered (a test changes the server between pages).
     before_list: Callable[[], None] = lambda: None
 
@@ -52,7 +54,10 @@ class FakeApiServer:
         self.rv += 1
         return str(self.rv)
 
-    def create(self, name: str, namespace: str = "ns", owner: str = "sd", **spec: Any) -> Obj:
+    def create(
+        self, name: str, namespace: str = "ns", owner: str | None = "sd", **spec: Any
+    ) -> Obj:
+        """An object of an SD named `owner`, or, with no owner, one that is none of ours."""
         key = (namespace, name)
         if key in self.objects:
             raise ValueError(f"409: {name} exists")
@@ -64,7 +69,11 @@ class FakeApiServer:
                 "namespace": namespace,
                 "uid": f"uid-{next(self._uids)}",
                 "resourceVersion": self._bump(),
-                "labels": {labels.NAME: owner, labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
+                "labels": (
+                    {labels.NAME: owner, labels.MANAGED_BY: labels.MANAGED_BY_VALUE}
+                    if owner is not None
+                    else {"app": name}
+                ),
             },
             "spec": dict(spec),
         }
@@ -86,11 +95,16 @@ class FakeApiServer:
         self.events.append((self.rv, "DELETED", copy.deepcopy(obj)))
         return copy.deepcopy(obj)
 
-    def list_objects(self, namespace: str | None = None) -> tuple[list[Obj], int]:
-        """Every object (of `namespace`) and the LIST's resourceVersion; items carry no kind,
-        as a real LIST's do not."""
+    def list_objects(
+        self, namespace: str | None = None, selector: str | None = None
+    ) -> tuple[list[Obj], int]:
+        """Every object (of `namespace`, carrying the label `selector` names: an existence
+        selector, `key`) and the LIST's resourceVersion; items carry no kind, as a real LIST's
+        do not."""
         items = []
         for (ns, _), obj in sorted(self.objects.items()):
+            if selector is not None and selector not in obj["metadata"]["labels"]:
+                continue
             if namespace is None or ns == namespace:
                 item = copy.deepcopy(obj)
                 del item["kind"], item["apiVersion"]
@@ -98,14 +112,19 @@ class FakeApiServer:
         return items, self.rv
 
     def list_page(
-        self, namespace: str | None = None, limit: int | None = None, token: str | None = None
+        self,
+        namespace: str | None = None,
+        limit: int | None = None,
+        token: str | None = None,
+        selector: str | None = None,
     ) -> Obj:
         """One LIST request as the API server answers it: a `...List` whose metadata holds the
         resourceVersion of the snapshot it reads and, when `limit` left objects out, a
         `continue` token for the next page of that same snapshot (etcd keeps old revisions
         until compaction: a token older than that is GoneError, 410 ResourceExpired)."""
+        self.selectors.append(selector)
         if token is None:
-            items, version = self.list_objects(namespace)
+            items, version = self.list_objects(namespace, selector)
             self.snapshots[version] = items
             offset = 0
         else:
@@ -150,10 +169,12 @@ class KopfLikeStream:
     event type None), then the watch's events in order from the LIST's resourceVersion; a
     bookmark moves the position without an event; a reconnect from a compacted position gets
     410 and lists again (every object with type None, deletions meanwhile not shown).
-    `deliver` is called for every event (the raw-event handler)."""
+    `deliver` is called for every event (the raw-event handler). Like the operator's kopf,
+    it lists and watches only the objects that carry the label `selector` names."""
 
     server: FakeApiServer
     deliver: Callable[[str | None, Obj], None]
+    selector: str | None = labels.NAME
     position: int = 0
     relists: int = 0
     #: Objects each relist delivered (a relist of nothing cannot be noticed by a handler).
@@ -161,7 +182,7 @@ class KopfLikeStream:
     _backlog: list[tuple[str, Obj]] = field(default_factory=list)
 
     def start(self) -> None:
-        items, self.position = self.server.list_objects()
+        items, self.position = self.server.list_objects(None, self.selector)
         for item in items:
             self.deliver(None, item)
 
@@ -175,6 +196,8 @@ class KopfLikeStream:
                     break
             event_type, obj = self._backlog.pop(0)
             self.position = int(obj["metadata"]["resourceVersion"])
+            if self.selector is not None and self.selector not in obj["metadata"]["labels"]:
+                continue
             self.deliver(event_type, obj)
             delivered += 1
         return delivered
@@ -192,7 +215,7 @@ class KopfLikeStream:
             self._backlog = self.server.watch(self.position)
         except GoneError:
             self.relists += 1
-            items, self.position = self.server.list_objects()
+            items, self.position = self.server.list_objects(None, self.selector)
             self.relist_sizes.append(len(items))
             for item in items:
                 self.deliver(None, item)
@@ -249,8 +272,8 @@ def _discovery(path: str) -> Obj | None:
 @contextmanager
 def serve_http(server: FakeApiServer) -> Iterator[str]:
     """`server` over HTTP on 127.0.0.1 (its URL), for the kubernetes client: discovery, and
-    LISTs of its kind (`?limit=` and `?continue=`, 410 with reason Expired for a token older
-    than compaction), cluster-wide or of one namespace."""
+    LISTs of its kind (`?limit=`, `?continue=` and an existence `?labelSelector=`; 410 with
+    reason Expired for a token older than compaction), cluster-wide or of one namespace."""
     plural = next(name for name, kind, _ in _RESOURCES[server.api_version] if kind == server.kind)
     prefix = "/api/v1" if server.api_version == "v1" else f"/apis/{server.api_version}"
 
@@ -278,7 +301,12 @@ def serve_http(server: FakeApiServer) -> Iterator[str]:
             server.before_list()
             limit = int(query["limit"]) if query.get("limit") else None
             try:
-                return server.list_page(namespace, limit, query.get("continue") or None)
+                return server.list_page(
+                    namespace,
+                    limit,
+                    query.get("continue") or None,
+                    query.get("labelSelector") or None,
+                )
             except GoneError:
                 return {"kind": "Status", "code": 410, "reason": "Expired",
                         "message": "The provided continue parameter is too old"}  # fmt: skip

@@ -16,6 +16,7 @@ from specdeploy.adapters import watch_cache
 from specdeploy.handlers.work_queue import Backoff, WorkQueue
 from specdeploy.handlers.workers import (
     call_every,
+    check_stores,
     enqueue_every_round,
     reconcile_from,
     relist_from,
@@ -217,33 +218,64 @@ def test_the_periodic_round_adds_every_sd_each_round() -> None:
     asyncio.run(main())
 
 
-def test_a_kind_to_relist_is_listed_and_listed_again_each_resync() -> None:
+def test_a_kind_to_relist_is_listed_and_what_it_removed_is_handed_on() -> None:
     clock = Clock()
     relists: WorkQueue[str] = WorkQueue(clock=clock, backoff=Backoff(base=1.0))
     refreshed: list[str] = []
+    handed: list[tuple[str, list[dict[str, Any]]]] = []
     broken = {watch_cache.PODS.name}
+    gone = [{"metadata": {"name": "svc", "namespace": "ns"}}]
 
-    def refresh(kind: watch_cache.Kind) -> None:
+    def refresh(kind: watch_cache.Kind) -> list[dict[str, Any]]:
         refreshed.append(kind.name)
         if kind.name in broken:
             broken.discard(kind.name)
             raise OSError("connection refused")
+        return gone if kind is watch_cache.SERVICES else []
+
+    def removed(kind: watch_cache.Kind, objects: list[dict[str, Any]]) -> None:
+        handed.append((kind.name, objects))
 
     async def main() -> None:
-        task = asyncio.create_task(relist_from(relists, refresh, resync=300))
+        task = asyncio.create_task(relist_from(relists, refresh, removed))
         await asyncio.sleep(0)
-        assert relists.next_due() == 300, "every kind is listed again after the resync period"
+        assert relists.next_due() is None, "no kind is listed unless named"
         relists.add(watch_cache.PODS.name)  # a relist of the pods' watch stream was seen
         await until(lambda: refreshed == ["pods"], "the pods listed")
         assert relists.next_due() == 1.0, "a failed LIST is tried again after its backoff"
         clock.now += 1.0
-        relists.add(watch_cache.NODES.name)
-        await until(lambda: sorted(refreshed) == ["nodes", "pods", "pods"], "the retry")
-        clock.now += 300
-        relists.add(watch_cache.SD.name)
-        await until(
-            lambda: len(refreshed) == 3 + len(watch_cache.KINDS), "every kind at the resync"
-        )
+        relists.add(watch_cache.SERVICES.name)
+        await until(lambda: sorted(refreshed) == ["pods", "pods", "services"], "the retry")
+        assert handed == [("services", gone)], "only what a LIST removed is handed on"
+        assert relists.next_due() is None
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_the_stores_check_names_each_stale_kind_every_round_and_outlives_a_failure() -> None:
+    relists: WorkQueue[str] = WorkQueue()
+    rounds: asyncio.Queue[None] = asyncio.Queue()
+    asked: list[str] = []
+
+    def stale(kind: watch_cache.Kind) -> bool:
+        asked.append(kind.name)
+        if kind is watch_cache.NODES and asked.count(kind.name) == 1:
+            raise OSError("the API unreachable")
+        return kind in (watch_cache.SERVICES, watch_cache.NODES)
+
+    async def sleep(_: float) -> None:
+        await rounds.get()
+
+    async def main() -> None:
+        task = asyncio.create_task(check_stores(relists, stale, 60, sleep=sleep))
+        rounds.put_nowait(None)
+        await until(lambda: len(asked) == len(watch_cache.KINDS), "the first round")
+        assert [relists.get_nowait(), relists.get_nowait()] == ["services", None]
+        relists.done("services")
+        rounds.put_nowait(None)
+        await until(lambda: len(asked) == 2 * len(watch_cache.KINDS), "the second round")
+        assert {relists.get_nowait(), relists.get_nowait()} == {"nodes", "services"}
         task.cancel()
 
     asyncio.run(main())

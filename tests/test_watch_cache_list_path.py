@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from fake_api_server import FakeApiServer, serve_http
 from specdeploy.adapters import watch_cache as wc
 from specdeploy.adapters.kube import LIST_PAGE, KubeAdapter
+from specdeploy.api import labels
 from specdeploy.handlers.workers import confirm_first_listings
 from test_watch_cache_listing import Operator
 
@@ -79,6 +80,34 @@ def test_a_large_kind_is_listed_in_pages_of_one_snapshot(
     assert "d200" not in names(kube)
     assert "late" in names(kube)
     assert len(server.requests) == 3
+
+
+def test_a_labelled_kind_is_listed_with_its_label_and_checked_with_one_object(
+    server: FakeApiServer, kube: KubeAdapter
+) -> None:
+    """The stores of SDs' children LIST only what carries `specdeploy.dev/name` (the API server
+    filters); the check of a store is one LIST of at most one such object, and none at all
+    for a store that holds nothing."""
+    for index in range(150):
+        server.create(f"d{index:03}")
+    server.create("theirs", owner=None)
+    kube.refresh_kind(KIND)
+    assert "theirs" not in names(kube)
+    assert len(names(kube)) == 150
+    assert set(server.selectors) == {labels.NAME}
+    server.requests.clear()
+    server.selectors.clear()
+    assert not kube.kind_is_stale(KIND)
+    assert [(limit, token) for _, _, limit, token in server.requests] == [(1, None)]
+    assert server.selectors == [labels.NAME]
+    for index in range(150):
+        server.delete(f"d{index:03}")  # all of ours gone, unseen; another's still there
+    assert kube.kind_is_stale(KIND)
+    assert len(kube.refresh_kind(KIND)) == 150, "the LIST removes each and says which"
+    assert names(kube) == []
+    server.requests.clear()
+    assert not kube.kind_is_stale(KIND)
+    assert server.requests == [], "an empty store asks the API server nothing"
 
 
 def test_a_continue_token_that_expired_fails_the_list_and_keeps_the_store(

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from fake_api_server import FakeApiServer, KopfLikeStream, Obj
 from specdeploy.adapters import watch_cache as wc
-from specdeploy.handlers.run import Queues, route_event
+from specdeploy.api import labels
+from specdeploy.handlers.run import Queues, route_event, route_removed
 
 KIND = wc.DEPLOYMENTS
 
@@ -45,21 +46,32 @@ class Operator:
         route_event(self.cache, self.queues, KIND, event_type, obj)
 
     def our_list(self) -> tuple[list[Obj], int]:
-        """Our LIST: made now, merged whenever `merge` is called."""
-        return self.server.list_objects("ns")
+        """Our LIST (of the objects that carry the SD label): made now, merged whenever
+        `merge` is called."""
+        return self.server.list_objects("ns", labels.NAME)
 
-    def merge(self, listed: tuple[list[Obj], int]) -> None:
-        self.cache.refresh(KIND, lambda _scope: [listed])
+    def merge(self, listed: tuple[list[Obj], int]) -> list[Obj]:
+        return self.cache.refresh(KIND, lambda _scope: [listed])
 
     def serve_relists(self) -> int:
-        """Runs the relists the stream asked for (handlers.workers.relist_from does)."""
+        """Runs the relists asked for, and reconciles what they removed, as
+        handlers.workers.relist_from does."""
         served = 0
         while (name := self.queues.relists.get_nowait()) is not None:
             assert name == KIND.name
-            self.merge(self.our_list())
+            route_removed(self.queues, KIND, self.merge(self.our_list()))
             self.queues.relists.done(name)
             served += 1
         return served
+
+    def check(self) -> bool:
+        """One round of handlers.workers.check_stores: a LIST of at most one object."""
+        stale = self.cache.needs_relist(
+            KIND, lambda scope: bool(self.server.list_objects(scope, labels.NAME)[0][:1])
+        )
+        if stale:
+            self.queues.relists.add(KIND.name)
+        return stale
 
     def held(self) -> dict[str, int]:
         return {
@@ -161,6 +173,35 @@ def test_deletes_across_a_watch_gap_are_removed_by_the_relist_they_ask_for() -> 
     assert operator.held() == operator.truth() == {"c": operator.truth()["c"]}
 
 
+def test_a_relist_that_shows_nothing_is_seen_by_the_check_and_reconciles_the_owner() -> None:
+    operator = started("a", "b")
+    operator.server.create("theirs", owner=None)  # none of ours: kopf lists it, we do not
+    operator.stream.pump()
+    assert operator.asked() == []
+    # Every object of ours goes during the gap: kopf's relist shows only another's.
+    operator.server.delete("a")
+    operator.server.delete("b")
+    operator.server.compact()
+    operator.stream.reconnect()
+    assert operator.stream.relists == 1
+    assert operator.serve_relists() == 0, "a relist of none of ours asks for nothing"
+    assert set(operator.held()) == {"a", "b"}, "nothing showed the deletions"
+    assert operator.asked() == []
+    assert operator.check(), "the store holds objects the server has not"
+    assert operator.serve_relists() == 1
+    assert operator.held() == {}
+    assert operator.asked() == [("ns", "sd")], "the SD whose children went is reconciled"
+    assert not operator.check(), "an empty store is not checked"
+
+
+def test_the_check_leaves_a_store_that_matches_the_server_alone() -> None:
+    operator = started("a", "b")
+    operator.server.delete("a")
+    operator.stream.pump()
+    assert not operator.check()
+    assert operator.serve_relists() == 0
+
+
 def test_a_bookmarked_watch_resumes_after_compaction_without_a_relist() -> None:
     operator = started("a")
     operator.server.tick()  # other kinds change
@@ -236,6 +277,7 @@ OPERATIONS = st.lists(
                 "our-write",
                 "our-delete",
                 "serve-relists",
+                "check",
             ]
         ),
         st.sampled_from(["a", "b", "c"]),
@@ -283,6 +325,8 @@ def apply(
         ours.pop(name, None)
     elif operation == "serve-relists":
         operator.serve_relists()
+    elif operation == "check":
+        operator.check()
 
 
 @settings(max_examples=400, deadline=None)
@@ -299,6 +343,11 @@ def apply(
     operations=[("create", "b"), ("pump", "b"), ("delete", "a"), ("compact", "a"), ("pump", "a")],
     list_first=True,
 )
+# every object gone during a watch gap, the relist showing none of them,
+@example(
+    operations=[("delete", "a"), ("compact", "a"), ("reconnect", "a"), ("serve-relists", "a")],
+    list_first=True,
+)
 # our own delete undone by an event of the deleted object.
 @example(operations=[("update", "a"), ("our-delete", "a"), ("pump-one", "a")], list_first=True)
 def test_once_the_watch_caught_up_and_its_relists_ran_the_store_is_the_server(
@@ -308,9 +357,9 @@ def test_once_the_watch_caught_up_and_its_relists_ran_the_store_is_the_server(
     (merged late) and our own writes and deletes: what we wrote is read back at once and
     until something newer replaces it; once the stream has delivered everything
     and the relists it asked for ran, the store holds exactly the server's objects, each at
-    its resourceVersion. The one exception is a relist that delivered no object at all (every
-    object gone during the gap): nothing shows it to a handler, and the periodic relist
-    (handlers.workers, every CACHE_RESYNC_SECONDS) is what removes them."""
+    its resourceVersion. A relist that delivered no object at all (every object gone during
+    the gap) shows nothing to a handler: one round of the stores' check
+    (handlers.workers.check_stores) is what asks for the LIST that removes them."""
     server = FakeApiServer()
     server.create("a")
     operator = Operator(server)
@@ -331,5 +380,6 @@ def test_once_the_watch_caught_up_and_its_relists_ran_the_store_is_the_server(
     operator.serve_relists()
     if 0 not in operator.stream.relist_sizes:
         assert operator.held() == operator.truth()
-    operator.merge(operator.our_list())  # the periodic relist
+    operator.check()
+    operator.serve_relists()
     assert operator.held() == operator.truth()

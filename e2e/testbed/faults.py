@@ -1,4 +1,5 @@
-"""Faults injected into a running test bed: a component paused, stopped, restarted.
+"""Faults injected into a running test bed: a component paused, stopped, restarted; etcd's
+history compacted.
 
 Every component of the test bed is a local process recorded in env.json. A restart starts the
 same command line with the same environment again (read from /proc of the running process, so a
@@ -9,11 +10,13 @@ env.json and its pid file, and returns once the component answers again.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib import request
 
 from testbed import processes
 from testbed.cluster import ClusterEnv
@@ -120,3 +123,24 @@ def restart(env: ClusterEnv, name: str, *, kill: bool = False, timeout: float = 
 def _parent_pid(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def compact_etcd(env: ClusterEnv) -> int:
+    """Compacts etcd's history up to its current revision (what the API server does every
+    5 minutes) through etcd's JSON gateway, and returns that revision: a watch that resumes
+    from an older resourceVersion then gets 410 Gone, and its client must list again."""
+    base = f"http://127.0.0.1:{env.components['etcd']['port']}/v3/kv"
+
+    def post(path: str, body: dict[str, object]) -> dict[str, object]:
+        call = request.Request(
+            f"{base}/{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with request.urlopen(call, timeout=10) as answer:
+            found: dict[str, object] = json.load(answer)
+            return found
+
+    header = post("range", {"key": "AA==", "limit": 1})["header"]
+    assert isinstance(header, dict)
+    revision = int(header["revision"])
+    post("compaction", {"revision": revision, "physical": True})
+    return revision

@@ -160,16 +160,17 @@ class KubeAdapter:
     ) -> Iterator[tuple[list[dict[str, Any]], int]]:
         """One LIST of a cached kind, page by page (LIST_PAGE objects each, so that a large kind
         is never held whole): each page's items and the LIST's resourceVersion."""
-        if kind.api_version is not None:
-            resource = self._resource(kind.api_version, kind.kind)
-        else:
-            resource = self._lookup(group=kind.group, kind=kind.kind, preferred=True)
+        resource = self._kind_resource(kind)
         token: str | None = None
         while True:
             # Unserialized: json.loads of a page is many times faster than the dynamic
             # client's ResourceInstance and to_dict.
             raw = resource.get(
-                namespace=namespace, limit=LIST_PAGE, _continue=token, serialize=False
+                namespace=namespace,
+                label_selector=self._store_selector(kind),
+                limit=LIST_PAGE,
+                _continue=token,
+                serialize=False,
             )
             found: dict[str, Any] = json.loads(raw.data)
             metadata = found.get("metadata") or {}
@@ -185,6 +186,28 @@ class KubeAdapter:
             if token is None:
                 return
 
+    def _any_listed(self, kind: wc.Kind, namespace: str | None) -> bool:
+        """Whether a LIST of `kind` in `namespace`, as its store holds it, has any object."""
+        raw = self._kind_resource(kind).get(
+            namespace=namespace,
+            label_selector=self._store_selector(kind),
+            limit=1,
+            serialize=False,
+        )
+        return bool(json.loads(raw.data).get("items"))
+
+    def _kind_resource(self, kind: wc.Kind) -> Any:
+        if kind.api_version is not None:
+            return self._resource(kind.api_version, kind.kind)
+        return self._lookup(group=kind.group, kind=kind.kind, preferred=True)
+
+    @staticmethod
+    def _store_selector(kind: wc.Kind) -> str | None:
+        """What a LIST for the store of `kind` asks for: a labelled store keeps only the
+        objects that carry `specdeploy.dev/name` (the other Deployments, Services and pods of
+        a namespace are never read)."""
+        return labels.NAME if kind.labelled else None
+
     def _cached(
         self,
         kind: wc.Kind,
@@ -196,16 +219,29 @@ class KubeAdapter:
             return fallback()
         return self.cache.read(kind, lambda scope: self._list_kind(kind, scope), reader, fallback)
 
-    def refresh_kind(self, kind: wc.Kind) -> None:
+    def refresh_kind(self, kind: wc.Kind) -> list[dict[str, Any]]:
         """Lists `kind` afresh into its store and removes what the LIST no longer holds, while
-        reads go on from the store (a relist after a watch gap, and the periodic resync). A
-        kind no longer served empties its store; another failure raises and keeps it."""
+        reads go on from the store (the start, and a relist after a watch gap); returns the
+        copies it removed. A kind no longer served empties its store; another failure raises
+        and keeps it."""
         if self.cache is None:
-            return
+            return []
         try:
-            self.cache.refresh(kind, functools.partial(self._list_kind, kind))
-        except ResourceNotFoundError:
-            self.cache.store(kind).vanish()  # not served (any more): none of it exists
+            return self.cache.refresh(kind, functools.partial(self._list_kind, kind))
+        except (ResourceNotFoundError, NotFoundError):
+            # Not served (any more), by discovery or by the LIST's 404: none of it exists.
+            return self.cache.store(kind).vanish()
+
+    def kind_is_stale(self, kind: wc.Kind) -> bool:
+        """Whether the store of `kind` holds objects where the API server has none
+        (WatchCache.needs_relist), asked with one LIST of at most one object per scope the
+        store holds anything in. A kind no longer served is stale (refresh_kind empties it)."""
+        if self.cache is None:
+            return False
+        try:
+            return self.cache.needs_relist(kind, functools.partial(self._any_listed, kind))
+        except (ResourceNotFoundError, NotFoundError):
+            return True
 
     def get_speculative_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The SpeculativeDeployment as stored, or None when it is gone."""

@@ -282,15 +282,20 @@ class KindStore:
                 self._upsert_locked(key, item, version_of(item))
         return listed
 
-    def remove_unlisted(self, listed: set[Key], scopes: Iterable[str | None], version: int) -> None:
-        """Ends a LIST merged page by page (see `prime`): what it did not hold goes."""
+    def remove_unlisted(
+        self, listed: set[Key], scopes: Iterable[str | None], version: int
+    ) -> list[Obj]:
+        """Ends a LIST merged page by page (see `prime`): what it did not hold goes. Returns
+        the copies it removed: deletions no watch event showed, whose SDs need a reconcile."""
         wanted = set(scopes)
         now = self.clock()
+        removed: list[Obj] = []
         with self._lock:
             for key, held in list(self._held.items()):
                 in_scope = None in wanted or key[0] in wanted
                 if in_scope and key not in listed and held.version <= version:
                     # Held at a version the LIST has seen, and not in it: deleted since.
+                    removed.append(_decode(self._objects[key]))
                     self._bury(key, Tombstone(held.uid, version, now))
                     self._remove(key)
                     self._expected_listing.discard(key)
@@ -308,6 +313,12 @@ class KindStore:
                 self._expected_listing = listed - self._early_listing
                 self._early_listing = set()
         self._synced = True
+        return removed
+
+    def holds_any(self, namespace: str | None) -> bool:
+        """Whether the store holds an object of `namespace` (any when None)."""
+        with self._lock:
+            return any(namespace is None or key[0] == namespace for key in self._held)
 
     def awaiting_stream(self) -> int:
         """How many objects of the first LIST the stream has not shown yet. When the stream
@@ -373,9 +384,11 @@ class KindStore:
 
     # --- reads ------------------------------------------------------------------------------
 
-    def vanish(self) -> None:
-        """The kind is not served (its CRD is gone): nothing of it exists."""
+    def vanish(self) -> list[Obj]:
+        """The kind is not served (its CRD is gone): nothing of it exists. Returns the copies
+        it held."""
         with self._lock:
+            removed = [_decode(raw) for raw in self._objects.values()]
             self._objects.clear()
             self._held.clear()
             self._shared.clear()
@@ -385,6 +398,7 @@ class KindStore:
             self._early_listing.clear()
             self._listed_once = True
         self._synced = True
+        return removed
 
     def get(self, namespace: str, name: str) -> Obj | None:
         """A copy of one object, or None."""
@@ -633,11 +647,11 @@ class WatchCache:
                 return self.store(kind)
         return None
 
-    def refresh(self, kind: Kind, lister: Lister) -> None:
+    def refresh(self, kind: Kind, lister: Lister) -> list[Obj]:
         """Lists `kind` afresh into its store, page by page (`KindStore.merge_page`), and then
         removes what the LIST no longer holds (`KindStore.remove_unlisted`), while reads go on
-        from it. A failed LIST raises and leaves the store as it was (the watch keeps feeding
-        it; the caller tries again)."""
+        from it; returns the copies removed. A failed LIST raises and leaves the store as it
+        was (the watch keeps feeding it; the caller tries again)."""
         store = self.store(kind)
         scopes = self.scopes(kind)
         listed: set[Key] = set()
@@ -647,7 +661,19 @@ class WatchCache:
                 if index == 0:
                     versions.append(version)  # a paged LIST is one snapshot: its first page's
                 listed |= store.merge_page(items)
-        store.remove_unlisted(listed, scopes, min(versions))
+        return store.remove_unlisted(listed, scopes, min(versions))
+
+    def needs_relist(self, kind: Kind, any_listed: Callable[[str | None], bool]) -> bool:
+        """Whether the store of `kind` holds objects in a scope where the API server has none:
+        `any_listed(scope)` answers with a LIST of at most one object. kopf lists a kind again
+        after a watch it could not resume, and every object that relist shows asks for a LIST
+        of ours (`Seen.relisted`); a relist that shows nothing, because every object of the
+        scope went during the gap, is the one deletion no handler sees, and this is how it is
+        seen. A store that holds nothing needs no check: what exists is in kopf's listing."""
+        store = self.store(kind)
+        if not store.synced:
+            return False  # filled by its next read
+        return any(store.holds_any(scope) and not any_listed(scope) for scope in self.scopes(kind))
 
     def read(
         self,

@@ -187,6 +187,14 @@ class OperatorConfig(ApiModel):
         gt=0,
         description="Period of the level-based reconcile of every SpeculativeDeployment.",
     )
+    store_check_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Period of the check of the watch-fed stores against the API server (a LIST of at "
+            "most one object per kind), which finds a kind emptied during a watch gap."
+        ),
+    )
     liveness_endpoint: str | None = Field(
         default=None,
         description=(

@@ -54,6 +54,7 @@ from specdeploy.handlers.workers import (
     RECONCILE_WORKERS,
     SDKey,
     call_every,
+    check_stores,
     confirm_first_listings,
     enqueue_every_round,
     reconcile_from,
@@ -279,6 +280,15 @@ def route_event(
         queues.reconciles.forget((metadata.get("namespace") or "", metadata.get("name") or ""))
 
 
+def route_removed(queues: Queues, kind: watch_cache.Kind, removed: list[dict[str, Any]]) -> None:
+    """What a LIST of ours removed from a store (deleted while no watch event could show it):
+    each removal reconciles the SDs its DELETED event would have, so that a child gone during
+    a watch gap is made again now, not at the next periodic round."""
+    for obj in removed:
+        for key in reconciles_for(kind, "DELETED", obj, watch_cache.Seen(news=True)):
+            queues.reconciles.add(key)
+
+
 #: Children whose changes are set back or read at once: their events reconcile their SD.
 WATCHED_CHILDREN = frozenset(
     {
@@ -419,7 +429,13 @@ async def reconcile_once_filled(
         )
     )
     if kube.cache is not None:
-        tasks.append(asyncio.create_task(relist_from(queues.relists, kube.refresh_kind)))
+        removed = functools.partial(route_removed, queues)
+        tasks.append(asyncio.create_task(relist_from(queues.relists, kube.refresh_kind, removed)))
+        tasks.append(
+            asyncio.create_task(
+                check_stores(queues.relists, kube.kind_is_stale, config.store_check_seconds)
+            )
+        )
         tasks.append(asyncio.create_task(confirm_first_listings(kube.cache.stores, queues.relists)))
     try:
         await asyncio.gather(*tasks)

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from datetime import datetime
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
@@ -28,9 +29,6 @@ SDKey = tuple[str, str]
 #: Reconciles at once (threads): reads come from memory, so what they wait on is the API
 #: server's answers to their writes.
 RECONCILE_WORKERS = 8
-#: How often each watch-fed store is listed afresh: bounds what a missed event (one the relist
-#: after a watch gap could not notice) costs.
-CACHE_RESYNC_SECONDS = 300.0
 #: After the start, how often the stores are checked for objects of the first LIST that kopf's
 #: own first listing has not shown (confirm_first_listings), and how many times at most.
 CONFIRM_SECONDS = 5.0
@@ -112,30 +110,56 @@ async def call_every(
 
 async def relist_from(
     relists: WorkQueue[str],
-    refresh: Callable[[watch_cache.Kind], None],
-    resync: float = CACHE_RESYNC_SECONDS,
+    refresh: Callable[[watch_cache.Kind], list[dict[str, Any]]],
+    removed: Callable[[watch_cache.Kind, list[dict[str, Any]]], None] = lambda *_: None,
 ) -> None:
-    """Lists each kind named on `relists` afresh (KubeAdapter.refresh_kind) and schedules its
-    next periodic relist `resync` seconds later; a failed LIST is tried again after its
-    backoff."""
+    """Lists each kind named on `relists` afresh (KubeAdapter.refresh_kind) and hands what the
+    LIST removed (deletions no watch event showed) to `removed`; a failed LIST is tried again
+    after its backoff. Kinds are named by a relist of kopf's stream (handlers.run.route_event),
+    by check_stores, and by confirm_first_listings: the stores trust their watch otherwise, as
+    client-go's informers do."""
     kinds = {kind.name: kind for kind in watch_cache.KINDS}
-    for name in kinds:
-        relists.add_after(name, resync)
     while True:
         try:
             name = await relists.get()
         except QueueShutDownError:
             return
         try:
-            await asyncio.to_thread(refresh, kinds[name])
+            gone = await asyncio.to_thread(refresh, kinds[name])
         except Exception as error:
             delay = relists.add_rate_limited(name)
             log.warning("listing %s afresh failed (again in %.1fs): %s", name, delay, error)
         else:
             relists.forget(name)
-            relists.add_after(name, resync)
+            if gone:
+                log.info("listing %s afresh removed %d deleted unseen", name, len(gone))
+                removed(kinds[name], gone)
         finally:
             relists.done(name)
+
+
+async def check_stores(
+    relists: WorkQueue[str],
+    stale: Callable[[watch_cache.Kind], bool],
+    interval: float,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Every `interval` seconds (`storeCheckSeconds`), asks of each kind whether its store
+    holds objects where the API server has none (KubeAdapter.kind_is_stale) and names the
+    stale ones on `relists`. The interval bounds how long a relist of kopf's that showed
+    nothing (every object of a kind gone during a watch gap) goes unseen. Its reads are one
+    small LIST per kind and namespace that holds anything, whatever the number of objects; a
+    failed check is logged and the next round comes all the same."""
+    while True:
+        await sleep(interval)
+        for kind in watch_cache.KINDS:
+            try:
+                if await asyncio.to_thread(stale, kind):
+                    log.info("the %s store holds objects the API server has not", kind.name)
+                    relists.add(kind.name)
+            except Exception as error:
+                log.warning("checking the %s store failed: %s", kind.name, error)
 
 
 async def confirm_first_listings(
@@ -151,8 +175,8 @@ async def confirm_first_listings(
     `rounds` are done. kopf's watch starts from a LIST of its own: an object deleted between
     our first LIST and kopf's is in neither kopf's listing nor its events, and only a LIST
     made after kopf's shows it gone (client-go's informers have no such gap: their watch
-    starts from their own LIST). What is still waiting after the last round is left to the
-    periodic relist (CACHE_RESYNC_SECONDS)."""
+    starts from their own LIST). What still waits after the last round was in that round's
+    LIST, made after kopf's: it exists, and kopf's watch shows what becomes of it."""
     for _ in range(rounds):
         await sleep(interval)
         waiting = [name for name, store in stores.items() if store.awaiting_stream()]
