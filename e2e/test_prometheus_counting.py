@@ -32,7 +32,7 @@ pytestmark = pytest.mark.e2e
 
 METRIC = "specdeploy_counting_requests_total"
 CREATED = "specdeploy_counting_requests_created"
-WINDOW_S = 20
+WINDOW_S = 10  # five of the test bed's 2 s scrapes
 WINDOW = f"{WINDOW_S}s"
 BORN_AT = 205.0
 RATE = 10.0  # per second, for the counters that grow
