@@ -110,6 +110,35 @@ def test_a_labelled_kind_is_listed_with_its_label_and_checked_with_one_object(
     assert server.requests == [], "an empty store asks the API server nothing"
 
 
+def test_a_kind_whose_list_answers_404_is_stale_and_its_store_emptied(
+    server: FakeApiServer, kube: KubeAdapter
+) -> None:
+    """Discovery still names the kind, but its LIST answers 404 (its CRD just deleted, say):
+    the check calls the store stale, and the LIST it asks for empties it and hands on what it
+    held, as for a kind discovery no longer names."""
+    assert kube.cache is not None
+    store = kube.cache.store(wc.PODS)  # served by discovery here, never by a LIST
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u1",
+            "resourceVersion": "5",
+            "labels": {labels.NAME: "sd"},
+        },
+    }
+    store.vanish()  # synced and empty, as after a start that found no pod
+    store.write_through(pod)  # then one came
+    assert kube.kind_is_stale(wc.PODS)
+    removed = kube.refresh_kind(wc.PODS)
+    assert [o["metadata"]["name"] for o in removed] == ["p"]
+    assert store.synced
+    assert store.keys() == []
+    assert not kube.kind_is_stale(wc.PODS), "an empty store is not checked"
+
+
 def test_a_continue_token_that_expired_fails_the_list_and_keeps_the_store(
     server: FakeApiServer, kube: KubeAdapter
 ) -> None:
