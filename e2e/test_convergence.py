@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -18,7 +19,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,16 +159,8 @@ def test_the_running_operator_sets_back_each_change_from_its_watch_and_then_idle
 ) -> None:
     # A 600 s timer: nothing but watch events can start the reconciles below in time.
     config = {**CONFIG, "reconcileIntervalSeconds": 600}
-    operator = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
-    operator.start()
-    try:
+    with scenario_operator(cluster, kubectl, namespace, config, tmp_path) as operator:
         run_operator_scenario(kubectl, namespace, operator)
-    finally:
-        kubectl.run(
-            "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
-        )
-        operator.stop()
-        print(f"--- operator log ({operator.log_path}) ---\n{operator.log_tail()}")
 
 
 def sd_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
@@ -280,11 +273,9 @@ def test_a_child_deleted_during_a_watch_gap_that_lists_nothing_is_made_again(
     not; the LIST it asks for removes the Service and reconciles its SD, which makes it again,
     with the operator's timer 10 minutes away."""
     config = {**CONFIG, "reconcileIntervalSeconds": 600, "storeCheckSeconds": STORE_CHECK_S}
-    operator = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
-    operator.start()
-    assert operator.process is not None
-    pid = operator.process.pid
-    try:
+    with scenario_operator(cluster, kubectl, namespace, config, tmp_path) as operator:
+        assert operator.process is not None
+        pid = operator.process.pid
         kubectl.apply([scenario_sd(namespace)])
         eventually(
             lambda: ready_on(kubectl, namespace, NAME, "nvidia.com/mig-3g.40gb"),
@@ -304,27 +295,50 @@ def test_a_child_deleted_during_a_watch_gap_that_lists_nothing_is_made_again(
             os.kill(pid, signal.SIGCONT)
         thawed = time.monotonic()
         print(f"Service deleted; etcd compacted at {revision}; API server restarted")
-
-        def made_again() -> str | None:
-            found = kubectl.run("get", "service", NAME, "-n", namespace, "-o", "json", check=False)
-            if found.returncode != 0:
-                return None
-            uid: str = json.loads(found.stdout)["metadata"]["uid"]
-            return uid if uid != before else None
-
-        eventually(made_again, STORE_CHECK_S + 30, "the Service made again")
+        eventually(
+            functools.partial(made_again, kubectl, namespace, "service", NAME, before),
+            STORE_CHECK_S + 30,
+            "the Service made again",
+        )
         print(f"Service made again {time.monotonic() - thawed:.1f}s after the thaw")
         log = operator.log_text()[offset:]
         assert "the services store holds objects the API server has not" in log, log[-4000:]
         assert "listing services afresh removed 1 deleted unseen" in log, log[-4000:]
         path = f"/namespaces/{namespace}/services/{NAME}"
         assert any(p.endswith(path) for _, p in WRITE_LINE.findall(log)), log[-4000:]
+
+
+@contextlib.contextmanager
+def scenario_operator(
+    cluster: ClusterEnv,
+    kubectl: Kubectl,
+    namespace: str,
+    config: Mapping[str, Any],
+    workdir: Path,
+) -> Iterator[OperatorProcess]:
+    """An operator watching `namespace` with `config` for the block; then the namespace's SDs
+    deleted, the operator stopped and its log printed."""
+    operator = OperatorProcess(cluster.kubeconfig, config, workdir, (namespace,))
+    operator.start()
+    try:
+        yield operator
     finally:
         kubectl.run(
             "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
         )
         operator.stop()
         print(f"--- operator log ({operator.log_path}) ---\n{operator.log_tail()}")
+
+
+def made_again(
+    kubectl: Kubectl, namespace: str, resource: str, name: str, before: str
+) -> str | None:
+    """The uid of `resource` `name` once it exists again under another uid than `before`."""
+    found = kubectl.run("get", resource, name, "-n", namespace, "-o", "json", check=False)
+    if found.returncode != 0:
+        return None
+    uid: str = json.loads(found.stdout)["metadata"]["uid"]
+    return uid if uid != before else None
 
 
 def first_reconcile(operator: OperatorProcess, offset: int, namespace: str) -> re.Match[str] | None:
@@ -343,9 +357,7 @@ def test_a_deleted_child_is_made_again_from_its_own_deletion_event(
     the child again (a store that still held the deleted child would have let it pass the child
     by, writing nothing, until a timer round)."""
     config = {**CONFIG, "reconcileIntervalSeconds": 600}
-    operator = OperatorProcess(cluster.kubeconfig, config, tmp_path, (namespace,))
-    operator.start()
-    try:
+    with scenario_operator(cluster, kubectl, namespace, config, tmp_path) as operator:
         kubectl.apply([scenario_sd(namespace)])
         revision = eventually(
             lambda: ready_on(kubectl, namespace, NAME, "nvidia.com/mig-3g.40gb"),
@@ -360,19 +372,7 @@ def test_a_deleted_child_is_made_again_from_its_own_deletion_event(
             began = time.monotonic()
             kubectl.run("delete", resource, name, "-n", namespace, "--wait=true")
 
-            def made_again(
-                resource: str = resource, name: str = name, before: str = before
-            ) -> str | None:
-                found = kubectl.run(
-                    "get", resource, name, "-n", namespace, "-o", "json", check=False
-                )
-                if found.returncode != 0:
-                    return None
-                uid: str = json.loads(found.stdout)["metadata"]["uid"]
-                return uid if uid != before else None
-
-            # Within seconds, from the deletion's event: the timer round is 10 minutes away and
-            # the stores' own relist 5.
+            # Within seconds, from the deletion's event: the timer round is 10 minutes away.
             first = eventually(
                 functools.partial(first_reconcile, operator, offset, namespace),
                 10,
@@ -385,7 +385,11 @@ def test_a_deleted_child_is_made_again_from_its_own_deletion_event(
                 f"the first reconcile after the delete did not make the {resource} again: "
                 f"{first.group(0)}; writes before it: {written}"
             )
-            eventually(made_again, 10, f"the {resource} {name} made again")
+            eventually(
+                functools.partial(made_again, kubectl, namespace, resource, name, before),
+                10,
+                f"the {resource} {name} made again",
+            )
             took = time.monotonic() - began
             print(f"{resource} {name}: made again {took:.1f}s after its delete")
             eventually(
@@ -399,9 +403,3 @@ def test_a_deleted_child_is_made_again_from_its_own_deletion_event(
             "controllerrevisions", "-n", namespace, "-l", f"{NAME_LABEL}={NAME}"
         )["items"]
         assert [r["metadata"]["name"] for r in records] == [deployment]
-    finally:
-        kubectl.run(
-            "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70
-        )
-        operator.stop()
-        print(f"--- operator log ({operator.log_path}) ---\n{operator.log_tail()}")
