@@ -31,6 +31,9 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 KUEUE_GROUP = "kueue.x-k8s.io"
 POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
 LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
+#: What a kind the API server does not serve raises: unknown to discovery, or (its CRD just
+#: deleted, discovery not yet read again) a 404 for its collection.
+NOT_SERVED = (ResourceNotFoundError, NotFoundError)
 #: Objects per page of the LISTs that fill the watch-fed stores.
 LIST_PAGE = 100
 
@@ -228,7 +231,7 @@ class KubeAdapter:
             return []
         try:
             return self.cache.refresh(kind, functools.partial(self._list_kind, kind))
-        except (ResourceNotFoundError, NotFoundError):
+        except NOT_SERVED:
             # Not served (any more), by discovery or by the LIST's 404: none of it exists.
             return self.cache.store(kind).vanish()
 
@@ -240,7 +243,7 @@ class KubeAdapter:
             return False
         try:
             return self.cache.needs_relist(kind, functools.partial(self._any_listed, kind))
-        except (ResourceNotFoundError, NotFoundError):
+        except NOT_SERVED:
             return True
 
     def get_speculative_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:

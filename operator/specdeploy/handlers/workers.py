@@ -111,7 +111,7 @@ async def call_every(
 async def relist_from(
     relists: WorkQueue[str],
     refresh: Callable[[watch_cache.Kind], list[dict[str, Any]]],
-    removed: Callable[[watch_cache.Kind, list[dict[str, Any]]], None] = lambda *_: None,
+    removed: Callable[[watch_cache.Kind, list[dict[str, Any]]], None],
 ) -> None:
     """Lists each kind named on `relists` afresh (KubeAdapter.refresh_kind) and hands what the
     LIST removed (deletions no watch event showed) to `removed`; a failed LIST is tried again
