@@ -98,6 +98,17 @@ def test_completions_answer_through_the_launcher(engine_pool: EnginePool) -> Non
     assert answer["choices"][0]["text"]
 
 
+def test_the_cpu_build_runs_its_one_worker_in_the_engine_core_process(
+    engine_pool: EnginePool,
+) -> None:
+    # The launcher turns vLLM's worker process off (engine.launcher.single_worker_env): vLLM
+    # then logs from the API server and the engine core only, never from a worker process.
+    log = engine_pool.get("draft-good").log.read_text(errors="replace")
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in log
+    assert "(EngineCore pid=" in log
+    assert "(Worker pid=" not in log
+
+
 def test_every_engine_metric_the_grafana_dashboard_reads_is_exported(
     engine_pool: EnginePool,
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,57 @@ def test_entry_is_chosen_by_env() -> None:
 def test_entry_without_vllm_installed_is_the_module() -> None:
     # The project virtualenv has no vllm distribution.
     assert launcher.vllm_entry({}) == "module"
+
+
+# --- the CPU build's worker process -----------------------------------------------------------
+
+
+def test_the_cpu_build_runs_one_worker_in_the_engine_core_process() -> None:
+    for argv in (["/m"], ["/m", "--tensor-parallel-size", "1"], ["/m", "-pp=1", "-dp", "1"]):
+        env = launcher.single_worker_env(argv, {"A": "b"}, cpu_build=True)
+        assert env == {"A": "b", launcher.MULTIPROCESSING_ENV: "0"}, argv
+
+
+def test_several_workers_a_gpu_build_or_the_pods_own_setting_keep_vllms_default() -> None:
+    for argv in (
+        ["/m", "--tensor-parallel-size", "2"],
+        ["/m", "--pipeline_parallel_size=2"],
+        ["/m", "-dp", "2"],
+        ["/m", "-tp", "two"],  # not a number: vLLM says why, the launcher changes nothing
+    ):
+        assert launcher.single_worker_env(argv, {}, cpu_build=True) == {}, argv
+    assert launcher.single_worker_env(["/m"], {}, cpu_build=False) == {}
+    mine = {launcher.MULTIPROCESSING_ENV: "1"}
+    assert launcher.single_worker_env(["/m"], mine, cpu_build=True) == mine
+
+
+def test_serve_execs_vllm_with_the_worker_in_process_on_the_cpu_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class ExecError(Exception):
+        """Raised where the launcher would exec vLLM."""
+
+    seen: dict[str, str] = {}
+
+    def execvpe(file: str, args: list[str], env: dict[str, str]) -> None:
+        seen.update(env)
+        raise ExecError
+
+    monkeypatch.setattr(os, "execvpe", execvpe)
+    monkeypatch.setattr(launcher, "is_cpu_build", lambda: True)
+    target = model_dir(tmp_path, "t", "llama-3.1-8b-instruct")
+    argv = [str(target), "--speculative-config", spec("ngram", prompt_lookup_max=4)]
+    with pytest.raises(ExecError):
+        launcher.serve(argv, {launcher.OFFLINE_ENV: "1"})
+    assert seen[launcher.MULTIPROCESSING_ENV] == "0"
+    seen.clear()
+    with pytest.raises(ExecError):
+        launcher.serve([*argv, "-tp", "2"], {launcher.OFFLINE_ENV: "1"})
+    assert launcher.MULTIPROCESSING_ENV not in seen
+
+
+def test_the_project_virtualenv_is_no_cpu_build() -> None:
+    assert not launcher.is_cpu_build()
 
 
 # --- the checks through the arguments ------------------------------------------------------
