@@ -184,9 +184,6 @@ def test_read_primes_once_then_serves_from_memory() -> None:
     assert lists == ["a", "b"]  # one LIST per watched namespace, once
     nodes = [([obj("n", 1, namespace="")], 1)]
     assert cache.read(wc.NODES, lambda s: nodes, reader, fallback) == [("", "n")]
-    cache.expire()
-    cache.read(wc.DEPLOYMENTS, lister, reader, fallback)
-    assert lists == ["a", "b", "a", "b"]
 
 
 def test_read_falls_back_to_the_api_while_the_kind_cannot_be_listed() -> None:

@@ -206,10 +206,6 @@ class KindStore:
     def synced(self) -> bool:
         return self._synced
 
-    def expire(self) -> None:
-        """Marks the store unsynced: the next read goes to the API server and primes it."""
-        self._synced = False
-
     # --- changes ----------------------------------------------------------------------------
 
     def observe(self, event_type: str | None, obj: Mapping[str, Any]) -> Seen:
@@ -631,11 +627,6 @@ class WatchCache:
 
     def observe(self, kind: Kind, event_type: str | None, obj: Mapping[str, Any]) -> Seen:
         return self.store(kind).observe(event_type, obj)
-
-    def expire(self) -> None:
-        """Marks every store unsynced (the periodic resync)."""
-        for store in self.stores.values():
-            store.expire()
 
     def for_write(self, api_version: str, kind_name: str) -> KindStore | None:
         """The store that holds objects of this apiVersion and kind, if one does."""
