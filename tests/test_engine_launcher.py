@@ -162,6 +162,19 @@ def test_serve_execs_vllm_with_the_worker_in_process_on_the_cpu_build(
     assert launcher.MULTIPROCESSING_ENV not in seen
 
 
+def test_a_parallel_size_without_its_value_is_refused_as_unusable_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launcher, "is_cpu_build", lambda: True)
+    target = model_dir(tmp_path, "t", "llama-3.1-8b-instruct")
+    term = tmp_path / "termination-log"
+    env = {launcher.TERMINATION_LOG_ENV: str(term), launcher.OFFLINE_ENV: "1"}
+    with pytest.raises(SystemExit) as exited:
+        launcher.serve([str(target), "-tp"], env)
+    assert exited.value.code == contract.EXIT_USAGE
+    assert term.read_text() == "vLLM option -tp has no value\n"
+
+
 def test_the_project_virtualenv_is_no_cpu_build() -> None:
     assert not launcher.is_cpu_build()
 

@@ -409,6 +409,7 @@ def serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NoReturn
         results = check_serve_args(argv, env)
         args = parse_serve_args(argv)
         check_probe(env)
+        single = single_worker_env(argv, env, is_cpu_build())
     except LaunchError as err:
         refuse(err.code, err.message, env)
     for r in results:
@@ -416,7 +417,6 @@ def serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NoReturn
     if failures(results):
         refuse(EXIT_PAIR_INCOMPATIBLE, summarize_failures(results), env)
     command = vllm_command(args, vllm_entry(env))
-    single = single_worker_env(argv, env, is_cpu_build())
     if single.get(MULTIPROCESSING_ENV) != env.get(MULTIPROCESSING_ENV):
         print(
             f"specdeploy-engine: CPU build, one worker: {MULTIPROCESSING_ENV}=0 "
