@@ -267,8 +267,8 @@ def scale_rows(scale: dict[str, Any] | None) -> list[tuple[str, str, str, str, s
         if first.get("idle_reads_per_min")
         else None
     )
-    # The stores' check lists at most one object of each cached kind a minute, whatever the
-    # number of SDs: an idle window sees up to that many reads at any size.
+    # The stores' check is one LIST (of the objects' metadata) of each cached kind a minute,
+    # whatever the number of SDs: an idle window sees up to that many reads at any size.
     flat = (largest.get("idle_reads_per_min") or 0) <= max(
         1.5 * (first.get("idle_reads_per_min") or 0), RESYNC_LISTS
     )
@@ -357,7 +357,7 @@ LIMITS = {
     ),
     "P2 idle API reads/min": (
         "observe() reads watch-fed stores; an idle operator's only reads are the stores' check "
-        "(one LIST of at most one object per kind that holds anything, every 60 s), the Kueue "
+        "(one LIST of the objects' metadata per kind that holds anything, every 60 s), the Kueue "
         "webhook check every 5 minutes, and watch renewals"
     ),
     "P2 resync after a restart": (

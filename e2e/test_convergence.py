@@ -268,7 +268,7 @@ def test_a_child_deleted_during_a_watch_gap_that_lists_nothing_is_made_again(
     """The Service deleted while the operator is frozen, and its watches cannot resume: the API
     server restarts (ending them) before the deletion, and etcd's history is then compacted
     past them, so kopf gets 410 Gone and lists the Services again, finding none of ours. No
-    handler sees that deletion. The stores' check (one LIST of at most one object per kind,
+    handler sees that deletion. The stores' check (one LIST of the objects' metadata per kind,
     every `storeCheckSeconds`, 5 s here) finds the Service store holding what the server has
     not; the LIST it asks for removes the Service and reconciles its SD, which makes it again,
     with the operator's timer 10 minutes away."""

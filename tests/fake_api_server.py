@@ -47,6 +47,8 @@ class FakeApiServer:
     requests: list[tuple[str, str | None, int | None, str | None]] = field(default_factory=list)
     #: The label selector of each LIST request, in order (None: none).
     selectors: list[str | None] = field(default_factory=list)
+    #: Whether each LIST request over HTTP asked for its objects' metadata alone, in order.
+    metadata_only: list[bool] = field(default_factory=list)
     #: Called before each LIST request is answered (a test changes the server between pages).
     before_list: Callable[[], None] = lambda: None
 
@@ -273,7 +275,9 @@ def _discovery(path: str) -> Obj | None:
 def serve_http(server: FakeApiServer) -> Iterator[str]:
     """`server` over HTTP on 127.0.0.1 (its URL), for the kubernetes client: discovery, and
     LISTs of its kind (`?limit=`, `?continue=` and an existence `?labelSelector=`; 410 with
-    reason Expired for a token older than compaction), cluster-wide or of one namespace."""
+    reason Expired for a token older than compaction; the objects' metadata alone for an
+    Accept header that asks for a PartialObjectMetadataList), cluster-wide or of one
+    namespace."""
     plural = next(name for name, kind, _ in _RESOURCES[server.api_version] if kind == server.kind)
     prefix = "/api/v1" if server.api_version == "v1" else f"/apis/{server.api_version}"
 
@@ -300,8 +304,12 @@ def serve_http(server: FakeApiServer) -> Iterator[str]:
                 return None
             server.before_list()
             limit = int(query["limit"]) if query.get("limit") else None
+            # As the API server: `Accept: ...;as=PartialObjectMetadataList;...` answers with
+            # each object's metadata alone.
+            metadata_only = "as=PartialObjectMetadataList" in (self.headers.get("Accept") or "")
+            server.metadata_only.append(metadata_only)
             try:
-                return server.list_page(
+                found = server.list_page(
                     namespace,
                     limit,
                     query.get("continue") or None,
@@ -310,6 +318,14 @@ def serve_http(server: FakeApiServer) -> Iterator[str]:
             except GoneError:
                 return {"kind": "Status", "code": 410, "reason": "Expired",
                         "message": "The provided continue parameter is too old"}  # fmt: skip
+            if not metadata_only:
+                return found
+            return {
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "PartialObjectMetadataList",
+                "metadata": found["metadata"],
+                "items": [{"metadata": item["metadata"]} for item in found["items"]],
+            }
 
         def _answer(self, code: int, body: Obj) -> None:
             raw = json.dumps(body).encode()

@@ -15,8 +15,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from fake_api_server import FakeApiServer, serve_http
+from specdeploy.adapters import kube as kube_module
 from specdeploy.adapters import watch_cache as wc
-from specdeploy.adapters.kube import LIST_PAGE, KubeAdapter
+from specdeploy.adapters.kube import CHECK_PAGE, LIST_PAGE, KubeAdapter
 from specdeploy.api import labels
 from specdeploy.handlers.workers import confirm_first_listings
 from test_watch_cache_listing import Operator
@@ -82,12 +83,12 @@ def test_a_large_kind_is_listed_in_pages_of_one_snapshot(
     assert len(server.requests) == 3
 
 
-def test_a_labelled_kind_is_listed_with_its_label_and_checked_with_one_object(
+def test_a_labelled_kind_is_listed_with_its_label_and_checked_with_one_metadata_list(
     server: FakeApiServer, kube: KubeAdapter
 ) -> None:
     """The stores of SDs' children LIST only what carries `specdeploy.dev/name` (the API server
-    filters); the check of a store is one LIST of at most one such object, and none at all
-    for a store that holds nothing."""
+    filters); the check of a store is one LIST of such objects' metadata, and none at all for
+    a store that holds nothing."""
     for index in range(150):
         server.create(f"d{index:03}")
     server.create("theirs", owner=None)
@@ -97,17 +98,69 @@ def test_a_labelled_kind_is_listed_with_its_label_and_checked_with_one_object(
     assert set(server.selectors) == {labels.NAME}
     server.requests.clear()
     server.selectors.clear()
+    server.metadata_only.clear()
     assert not kube.kind_is_stale(KIND)
-    assert [(limit, token) for _, _, limit, token in server.requests] == [(1, None)]
+    assert [(limit, token) for _, _, limit, token in server.requests] == [(CHECK_PAGE, None)]
     assert server.selectors == [labels.NAME]
-    for index in range(150):
-        server.delete(f"d{index:03}")  # all of ours gone, unseen; another's still there
+    assert server.metadata_only == [True]
+    server.delete("d042")  # one of ours gone, unseen, the others still there
     assert kube.kind_is_stale(KIND)
-    assert len(kube.refresh_kind(KIND)) == 150, "the LIST removes each and says which"
+    assert kube.refresh_kind(KIND)[0]["metadata"]["name"] == "d042"
+    assert not kube.kind_is_stale(KIND)
+    made = server.create("made-since")
+    assert kube.cache is not None
+    kube.cache.store(KIND).write_through(made)
+    server.delete("made-since")
+    server.create("after")  # the LIST is newer than what the store holds of made-since
+    assert kube.kind_is_stale(KIND)
+    kube.refresh_kind(KIND)
+    for index in range(150):
+        if index != 42:
+            server.delete(f"d{index:03}")  # all but one of ours gone, unseen
+    assert kube.kind_is_stale(KIND)
+    assert len(kube.refresh_kind(KIND)) == 149, "the LIST removes each and says which"
+    assert names(kube) == ["after"]
+    server.delete("after")
+    kube.refresh_kind(KIND)
     assert names(kube) == []
     server.requests.clear()
     assert not kube.kind_is_stale(KIND)
     assert server.requests == [], "an empty store asks the API server nothing"
+
+
+def test_the_check_of_a_kind_larger_than_its_page_reads_every_page_of_one_snapshot(
+    server: FakeApiServer, kube: KubeAdapter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kube_module, "CHECK_PAGE", 40)
+    for index in range(100):
+        server.create(f"d{index:03}")
+    kube.refresh_kind(KIND)
+    server.requests.clear()
+    assert not kube.kind_is_stale(KIND)
+    assert [(limit, token is None) for _, _, limit, token in server.requests] == [
+        (40, True),
+        (40, False),
+        (40, False),
+    ]
+    server.delete("d099")  # on the last page
+    assert kube.kind_is_stale(KIND)
+    kube.refresh_kind(KIND)
+    pages = 0
+
+    def meanwhile() -> None:
+        # Made between the pages, and stored (its watch event) before the check ends: newer
+        # than the LIST's snapshot, so not called stale for being missing from it.
+        nonlocal pages
+        pages += 1
+        if pages == 2:
+            assert kube.cache is not None
+            kube.cache.store(KIND).write_through(server.create("d100"))
+
+    server.before_list = meanwhile
+    assert not kube.kind_is_stale(KIND)
+    assert pages == 3
+    assert kube.cache is not None
+    assert kube.cache.store(KIND).get("ns", "d100") is not None
 
 
 def test_a_kind_whose_list_answers_404_is_stale_and_its_store_emptied(

@@ -65,10 +65,13 @@ class Operator:
         return served
 
     def check(self) -> bool:
-        """One round of handlers.workers.check_stores: a LIST of at most one object."""
-        stale = self.cache.needs_relist(
-            KIND, lambda scope: bool(self.server.list_objects(scope, labels.NAME)[0][:1])
-        )
+        """One round of handlers.workers.check_stores: a LIST of the objects' keys."""
+
+        def listed(scope: str | None) -> tuple[set[wc.Key], int]:
+            items, version = self.server.list_objects(scope, labels.NAME)
+            return {wc.key_of(item) for item in items}, version
+
+        stale = self.cache.needs_relist(KIND, listed)
         if stale:
             self.queues.relists.add(KIND.name)
         return stale
@@ -348,8 +351,13 @@ def apply(
     operations=[("delete", "a"), ("compact", "a"), ("reconnect", "a"), ("serve-relists", "a")],
     list_first=True,
 )
-# our own delete undone by an event of the deleted object.
+# our own delete undone by an event of the deleted object,
 @example(operations=[("update", "a"), ("our-delete", "a"), ("pump-one", "a")], list_first=True)
+# every object gone during a watch gap, then another made before the stores' check.
+@example(
+    operations=[("delete", "a"), ("compact", "a"), ("reconnect", "a"), ("create", "b")],
+    list_first=False,
+)
 def test_once_the_watch_caught_up_and_its_relists_ran_the_store_is_the_server(
     operations: list[tuple[str, str]], list_first: bool
 ) -> None:
@@ -358,8 +366,8 @@ def test_once_the_watch_caught_up_and_its_relists_ran_the_store_is_the_server(
     until something newer replaces it; once the stream has delivered everything
     and the relists it asked for ran, the store holds exactly the server's objects, each at
     its resourceVersion. A relist that delivered no object at all (every object gone during
-    the gap) shows nothing to a handler: one round of the stores' check
-    (handlers.workers.check_stores) is what asks for the LIST that removes them."""
+    the gap, whatever is made after it) shows nothing to a handler: one round of the stores'
+    check (handlers.workers.check_stores) is what asks for the LIST that removes them."""
     server = FakeApiServer()
     server.create("a")
     operator = Operator(server)

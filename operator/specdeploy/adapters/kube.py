@@ -36,6 +36,11 @@ LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
 NOT_SERVED = (ResourceNotFoundError, NotFoundError)
 #: Objects per page of the LISTs that fill the watch-fed stores.
 LIST_PAGE = 100
+#: The stores' check asks for the objects' metadata alone (KubeAdapter._listed_keys), in pages
+#: of CHECK_PAGE objects: one request up to that many, and about 4 MB at most to decode at once
+#: (a pod's metadata is 2 to 4 KB, most of it managedFields).
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+CHECK_PAGE = 1000
 
 #: What the API server answers a write it will refuse again however often it is sent: a body
 #: it cannot read (400) or an object that fails validation or admission (422).
@@ -158,46 +163,59 @@ class KubeAdapter:
         items: list[dict[str, Any]] = found.to_dict().get("items") or []
         return items
 
-    def _list_kind(
-        self, kind: wc.Kind, namespace: str | None
-    ) -> Iterator[tuple[list[dict[str, Any]], int]]:
-        """One LIST of a cached kind, page by page (LIST_PAGE objects each, so that a large kind
-        is never held whole): each page's items and the LIST's resourceVersion."""
+    def _pages(
+        self, kind: wc.Kind, namespace: str | None, limit: int, accept: str | None = None
+    ) -> Iterator[tuple[dict[str, Any], int]]:
+        """One LIST of a cached kind as its store lists it, page by page (`limit` objects each,
+        so that a large kind is never held whole): each page as the API server answered it,
+        and the LIST's resourceVersion (its first page's: one snapshot)."""
         resource = self._kind_resource(kind)
         token: str | None = None
+        version: int | None = None
         while True:
             # Unserialized: json.loads of a page is many times faster than the dynamic
             # client's ResourceInstance and to_dict.
             raw = resource.get(
                 namespace=namespace,
                 label_selector=self._store_selector(kind),
-                limit=LIST_PAGE,
+                limit=limit,
                 _continue=token,
                 serialize=False,
+                **({"header_params": {"Accept": accept}} if accept else {}),
             )
             found: dict[str, Any] = json.loads(raw.data)
-            metadata = found.get("metadata") or {}
-            version = str(metadata.get("resourceVersion") or "")
+            if version is None:
+                version = wc.version_of(found)
+            yield found, version
+            token = (found.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return
+
+    def _list_kind(
+        self, kind: wc.Kind, namespace: str | None
+    ) -> Iterator[tuple[list[dict[str, Any]], int]]:
+        """One LIST of a cached kind, in pages of LIST_PAGE objects: each page's items and the
+        LIST's resourceVersion."""
+        for found, version in self._pages(kind, namespace, LIST_PAGE):
             items: list[dict[str, Any]] = found.get("items") or []
             for item in items:
                 # A LIST's items carry no apiVersion and kind (a watch event's and a GET's
                 # do), and plan.children.drift compares them with the desired manifest's.
                 item.setdefault("apiVersion", found.get("apiVersion"))
                 item.setdefault("kind", kind.kind)
-            yield items, int(version) if version.isdigit() else -1
-            token = metadata.get("continue") or None
-            if token is None:
-                return
+            yield items, version
 
-    def _any_listed(self, kind: wc.Kind, namespace: str | None) -> bool:
-        """Whether a LIST of `kind` in `namespace`, as its store holds it, has any object."""
-        raw = self._kind_resource(kind).get(
-            namespace=namespace,
-            label_selector=self._store_selector(kind),
-            limit=1,
-            serialize=False,
-        )
-        return bool(json.loads(raw.data).get("items"))
+    def _listed_keys(self, kind: wc.Kind, namespace: str | None) -> tuple[set[wc.Key], int]:
+        """The (namespace, name) of every object a LIST of `kind` in `namespace` holds, as its
+        store lists it, and the LIST's resourceVersion: the objects' metadata alone
+        (PartialObjectMetadataList, as client-go's metadata informers ask), in pages of
+        CHECK_PAGE objects, so one request up to that many."""
+        keys: set[wc.Key] = set()
+        version = -1
+        for found, listed_at in self._pages(kind, namespace, CHECK_PAGE, METADATA_LIST):
+            keys.update(wc.key_of(item) for item in found.get("items") or [])
+            version = listed_at
+        return keys, version
 
     def _kind_resource(self, kind: wc.Kind) -> Any:
         if kind.api_version is not None:
@@ -236,13 +254,13 @@ class KubeAdapter:
             return self.cache.store(kind).vanish()
 
     def kind_is_stale(self, kind: wc.Kind) -> bool:
-        """Whether the store of `kind` holds objects where the API server has none
-        (WatchCache.needs_relist), asked with one LIST of at most one object per scope the
+        """Whether the store of `kind` holds objects the API server no longer has
+        (WatchCache.needs_relist), asked with one LIST of the objects' metadata per scope the
         store holds anything in. A kind no longer served is stale (refresh_kind empties it)."""
         if self.cache is None:
             return False
         try:
-            return self.cache.needs_relist(kind, functools.partial(self._any_listed, kind))
+            return self.cache.needs_relist(kind, functools.partial(self._listed_keys, kind))
         except NOT_SERVED:
             return True
 

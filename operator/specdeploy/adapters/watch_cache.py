@@ -77,7 +77,7 @@ def _stripped_metadata(metadata: Mapping[str, Any]) -> Obj:
     return kept
 
 
-def _key(obj: Mapping[str, Any]) -> Key:
+def key_of(obj: Mapping[str, Any]) -> Key:
     metadata = obj.get("metadata") or {}
     return (metadata.get("namespace") or "", metadata.get("name") or "")
 
@@ -213,7 +213,7 @@ class KindStore:
         anything else (ADDED, MODIFIED, a listing's None) stores the object unless the held
         copy is as new or a deletion refuses it. A listed object the stream's first listing
         does not account for (a relist after a watch gap) is `Seen.relisted`."""
-        key = _key(obj)
+        key = key_of(obj)
         version = version_of(obj)
         with self._lock:
             previous = self._objects.get(key)
@@ -239,7 +239,7 @@ class KindStore:
         """The API server's answer to one of our writes, so that a reconcile right after it
         sees it before its watch event comes. `only_known` leaves out objects the store does
         not hold (a status patch must not bring back an SD whose deletion came first)."""
-        key = _key(obj)
+        key = key_of(obj)
         with self._lock:
             if only_known and key not in self._objects:
                 return
@@ -273,7 +273,7 @@ class KindStore:
         listed = set()
         with self._lock:
             for item in items:
-                key = _key(item)
+                key = key_of(item)
                 listed.add(key)
                 self._upsert_locked(key, item, version_of(item))
         return listed
@@ -315,6 +315,18 @@ class KindStore:
         """Whether the store holds an object of `namespace` (any when None)."""
         with self._lock:
             return any(namespace is None or key[0] == namespace for key in self._held)
+
+    def holds_unlisted(self, namespace: str | None, listed: set[Key], version: int) -> bool:
+        """Whether the store holds an object of `namespace` (any when None) that a LIST made
+        at resourceVersion `version` does not, at a version that LIST has seen: deleted since
+        it was stored, with no event to show it (remove_unlisted's rule)."""
+        with self._lock:
+            return any(
+                (namespace is None or key[0] == namespace)
+                and key not in listed
+                and held.version <= version
+                for key, held in self._held.items()
+            )
 
     def awaiting_stream(self) -> int:
         """How many objects of the first LIST the stream has not shown yet. When the stream
@@ -654,17 +666,23 @@ class WatchCache:
                 listed |= store.merge_page(items)
         return store.remove_unlisted(listed, scopes, min(versions))
 
-    def needs_relist(self, kind: Kind, any_listed: Callable[[str | None], bool]) -> bool:
-        """Whether the store of `kind` holds objects in a scope where the API server has none:
-        `any_listed(scope)` answers with a LIST of at most one object. kopf lists a kind again
-        after a watch it could not resume, and every object that relist shows asks for a LIST
-        of ours (`Seen.relisted`); a relist that shows nothing, because every object of the
-        scope went during the gap, is the one deletion no handler sees, and this is how it is
+    def needs_relist(
+        self, kind: Kind, listed: Callable[[str | None], tuple[set[Key], int]]
+    ) -> bool:
+        """Whether the store of `kind` holds objects the API server no longer has: `listed(scope)`
+        answers with the keys a LIST of the scope holds and that LIST's resourceVersion. kopf
+        lists a kind again after a watch it could not resume, and every object that relist
+        shows asks for a LIST of ours (`Seen.relisted`); the objects deleted during the gap
+        are the deletions no handler sees when that relist shows nothing (every object of the
+        scope went) or when nothing it shows is new to the store, and this is how they are
         seen. A store that holds nothing needs no check: what exists is in kopf's listing."""
         store = self.store(kind)
         if not store.synced:
             return False  # filled by its next read
-        return any(store.holds_any(scope) and not any_listed(scope) for scope in self.scopes(kind))
+        return any(
+            store.holds_any(scope) and store.holds_unlisted(scope, *listed(scope))
+            for scope in self.scopes(kind)
+        )
 
     def read(
         self,

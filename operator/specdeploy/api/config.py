@@ -191,8 +191,8 @@ class OperatorConfig(ApiModel):
         default=60.0,
         gt=0,
         description=(
-            "Period of the check of the watch-fed stores against the API server (a LIST of at "
-            "most one object per kind), which finds a kind emptied during a watch gap."
+            "Period of the check of the watch-fed stores against the API server (one LIST of "
+            "the objects' metadata per kind), which finds objects deleted during a watch gap."
         ),
     )
     liveness_endpoint: str | None = Field(

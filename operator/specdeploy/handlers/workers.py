@@ -147,10 +147,11 @@ async def check_stores(
 ) -> None:
     """Every `interval` seconds (`storeCheckSeconds`), asks of each kind whether its store
     holds objects where the API server has none (KubeAdapter.kind_is_stale) and names the
-    stale ones on `relists`. The interval bounds how long a relist of kopf's that showed
-    nothing (every object of a kind gone during a watch gap) goes unseen. Its reads are one
-    small LIST per kind and namespace that holds anything, whatever the number of objects; a
-    failed check is logged and the next round comes all the same."""
+    stale ones on `relists`. The interval bounds how long a deletion during a watch gap that
+    kopf's relist could not show (it showed nothing: every object of the kind had gone) goes
+    unseen. Its reads are one LIST of the objects' metadata per kind and namespace that holds
+    anything, whatever the number of objects; a failed check is logged and the next round
+    comes all the same."""
     while True:
         await sleep(interval)
         for kind in watch_cache.KINDS:
