@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -287,14 +287,11 @@ class KindStore:
         now = self.clock()
         removed: list[Obj] = []
         with self._lock:
-            for key, held in list(self._held.items()):
-                in_scope = None in wanted or key[0] in wanted
-                if in_scope and key not in listed and held.version <= version:
-                    # Held at a version the LIST has seen, and not in it: deleted since.
-                    removed.append(_decode(self._objects[key]))
-                    self._bury(key, Tombstone(held.uid, version, now))
-                    self._remove(key)
-                    self._expected_listing.discard(key)
+            for key, held in list(self._unlisted_locked(listed, wanted, version)):
+                removed.append(_decode(self._objects[key]))
+                self._bury(key, Tombstone(held.uid, version, now))
+                self._remove(key)
+                self._expected_listing.discard(key)
             for key, stone in list(self._tombstones.items()):
                 in_scope = None in wanted or key[0] in wanted
                 if in_scope and key not in listed and not stone.ours and stone.version < version:
@@ -319,14 +316,20 @@ class KindStore:
     def holds_unlisted(self, namespace: str | None, listed: set[Key], version: int) -> bool:
         """Whether the store holds an object of `namespace` (any when None) that a LIST made
         at resourceVersion `version` does not, at a version that LIST has seen: deleted since
-        it was stored, with no event to show it (remove_unlisted's rule)."""
+        it was stored, with no event to show it (what remove_unlisted removes)."""
         with self._lock:
-            return any(
-                (namespace is None or key[0] == namespace)
-                and key not in listed
-                and held.version <= version
-                for key, held in self._held.items()
-            )
+            return next(self._unlisted_locked(listed, {namespace}, version), None) is not None
+
+    def _unlisted_locked(
+        self, listed: set[Key], wanted: set[str | None], version: int
+    ) -> Iterator[tuple[Key, _Held]]:
+        """The held objects of the scopes `wanted` (every one when it holds None) that a LIST
+        made at resourceVersion `version` does not hold, at a version that LIST has seen:
+        deleted since they were stored."""
+        for key, held in self._held.items():
+            in_scope = None in wanted or key[0] in wanted
+            if in_scope and key not in listed and held.version <= version:
+                yield key, held
 
     def awaiting_stream(self) -> int:
         """How many objects of the first LIST the stream has not shown yet. When the stream
