@@ -10,8 +10,10 @@ a canary's in its analysis verdicts, each equal to what the pod's own /metrics c
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +150,21 @@ def served(cluster: ClusterEnv, pod: dict[str, Any], model: str) -> dict[str, fl
     return parse_counters(http_text(url + "/metrics"))
 
 
+def live_analysis(status: dict[str, Any], canary: str) -> dict[str, Any] | None:
+    """The canary's analysis once it is live (its pods Ready, its window started), else None.
+
+    Requests must reach the canary after this: a verdict's window starts at the live start, so
+    a pod first scraped before it (its counters born in Prometheus before the window) counts
+    nothing of what it served before, as the warm-up a window must leave out."""
+    analysis: dict[str, Any] = status.get("analysis") or {}
+    live = analysis.get("revision") == canary and analysis.get("stage") == "Live"
+    return analysis if live and analysis.get("startedAt") else None
+
+
+def seconds(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
 def first_sample(prometheus: PrometheusConnect, namespace: str, revision: str) -> float:
     """The value of the revision's first draft-token sample in Prometheus, once it has one."""
     query = f'{DRAFT_TOKENS}{{namespace="{namespace}",specdeploy_dev_revision="{revision}"}}[10m]'
@@ -191,12 +208,14 @@ def test_requests_served_before_the_first_scrape_count_in_status_and_in_the_anal
     pod = running_pod(kubectl, namespace, other_than=stable)
     canary = pod["metadata"]["labels"]["specdeploy.dev/revision"]
     with paused(cluster, "prometheus"):
-        eventually(
-            lambda: (status().get("analysis") or {}).get("revision") == canary,
-            ENGINE_READY_S,
-            "the canary ready and its analysis started",
+        live = eventually(
+            lambda: live_analysis(status(), canary), ENGINE_READY_S, "the canary's analysis live"
         )
         counted = served(cluster, pod, models["target"])
+        # A verdict reads the window cut at the live start, to the whole second below now: the
+        # first scrape (after this block) must come after the window's start, as a scrape of a
+        # Ready canary's traffic does.
+        time.sleep(max(0.0, seconds(live["startedAt"]) + 1.0 - time.time()))
     drafted, accepted = counted[DRAFT_TOKENS], counted[ACCEPTED_TOKENS]
     print(f"canary {canary} before its first scrape: {accepted:.0f} of {drafted:.0f} accepted")
     assert drafted >= MIN_DRAFT_TOKENS
