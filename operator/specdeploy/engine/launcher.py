@@ -292,7 +292,13 @@ def check_serve_args(
     argv: Sequence[str], env: Mapping[str, str], resolver: Resolver = download_config_files
 ) -> list[CheckResult]:
     """Resolve the target and draft named by the vLLM arguments and run every pair check."""
-    args = parse_serve_args(argv)
+    return check_pair_of(parse_serve_args(argv), env, resolver)
+
+
+def check_pair_of(
+    args: ServeArgs, env: Mapping[str, str], resolver: Resolver = download_config_files
+) -> list[CheckResult]:
+    """Resolve the target and draft of parsed `vllm serve` arguments and run every pair check."""
     target_dir = resolve_model_dir(args.model, args.revision, resolver)
     target_config = read_config(target_dir, f"target {args.model}")
     pair = _pair_env(env)
@@ -411,8 +417,8 @@ def serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NoReturn
     """Check the pair named by the vLLM arguments, then exec vLLM (never returns)."""
     env = dict(os.environ if env is None else env)
     try:
-        results = check_serve_args(argv, env)
         args = parse_serve_args(argv)
+        results = check_pair_of(args, env)
         check_probe(env)
         single = single_worker_env(args, env, is_cpu_build())
     except LaunchError as err:
