@@ -34,8 +34,10 @@ LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
 #: What a kind the API server does not serve raises: unknown to discovery, or (its CRD just
 #: deleted, discovery not yet read again) a 404 for its collection.
 NOT_SERVED = (ResourceNotFoundError, NotFoundError)
-#: Objects per page of the LISTs that fill the watch-fed stores.
+#: Objects per page of the LISTs that fill the watch-fed stores, answered as JSON (what the
+#: kubernetes client asks for by default).
 LIST_PAGE = 100
+JSON = "application/json"
 #: The stores' check asks for the objects' metadata alone (KubeAdapter._listed_keys), in pages
 #: of CHECK_PAGE objects: one request up to that many, and about 4 MB at most to decode at once
 #: (a pod's metadata is 2 to 4 KB, most of it managedFields).
@@ -164,7 +166,7 @@ class KubeAdapter:
         return items
 
     def _pages(
-        self, kind: wc.Kind, namespace: str | None, limit: int, accept: str | None = None
+        self, kind: wc.Kind, namespace: str | None, limit: int, accept: str = JSON
     ) -> Iterator[tuple[dict[str, Any], int]]:
         """One LIST of a cached kind as its store lists it, page by page (`limit` objects each,
         so that a large kind is never held whole): each page as the API server answered it,
@@ -181,7 +183,7 @@ class KubeAdapter:
                 limit=limit,
                 _continue=token,
                 serialize=False,
-                **({"header_params": {"Accept": accept}} if accept else {}),
+                header_params={"Accept": accept},
             )
             found: dict[str, Any] = json.loads(raw.data)
             if version is None:
