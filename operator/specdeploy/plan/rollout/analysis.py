@@ -96,10 +96,14 @@ class AcceptanceCompared:
 
     mine: float
     theirs: float
-    #: Set when the two draft a different number of tokens: the positions both propose.
-    positions: int | None = None
+    #: Each revision's number of draft positions, when they differ (else both 0: the rates).
     canary_k: int = 0
     stable_k: int = 0
+
+    @property
+    def positions(self) -> int | None:
+        """The positions both propose, when the two draft a different number of tokens."""
+        return min(self.canary_k, self.stable_k) if self.canary_k != self.stable_k else None
 
     @property
     def over(self) -> str:
@@ -132,7 +136,6 @@ def acceptance_compared(
     return AcceptanceCompared(
         sum(per_position[:shared]) / shared,
         sum(their_per_position[:shared]) / shared,
-        shared,
         len(per_position),
         len(their_per_position),
     )
