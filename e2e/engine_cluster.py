@@ -182,6 +182,17 @@ class OperatorProcess:
         self.process.wait()
         self.process = None
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """SIGSTOP for the block, then SIGCONT: the process sees and writes nothing meanwhile,
+        as one stalled (a busy node, a long pause) would, then goes on where it was."""
+        assert self.process is not None, "the operator is not running"
+        self.process.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.process is None:
             return

@@ -5,7 +5,10 @@ is frozen (SIGSTOP) from the moment a new pod runs, before its engine opens its 
 completions sent straight to the pod have finished: the pod's counters are born in Prometheus
 at their final value, as when a pod is Ready and takes traffic before the next scrape. The
 operator must still read them: the first revision's acceptance in `status.acceptanceRate`, and
-a canary's in its analysis verdicts, each equal to what the pod's own /metrics counted.
+a canary's in its analysis verdicts, each equal to what the pod's own /metrics counted. The
+operator is stalled (SIGSTOP) from the canary's start until after its first scrape, so it sees
+the canary's pod Ready only then: the analysis must still start at the pod's readiness, or the
+window leaves out the requests of that scrape.
 """
 
 from __future__ import annotations
@@ -151,14 +154,19 @@ def served(cluster: ClusterEnv, pod: dict[str, Any], model: str) -> dict[str, fl
 
 
 def live_analysis(status: dict[str, Any], canary: str) -> dict[str, Any] | None:
-    """The canary's analysis once it is live (its pods Ready, its window started), else None.
-
-    Requests must reach the canary after this: a verdict's window starts at the live start, so
-    a pod first scraped before it (its counters born in Prometheus before the window) counts
-    nothing of what it served before, as the warm-up a window must leave out."""
+    """The canary's analysis once it is live (its pods Ready, its window started), else None."""
     analysis: dict[str, Any] = status.get("analysis") or {}
     live = analysis.get("revision") == canary and analysis.get("stage") == "Live"
     return analysis if live and analysis.get("startedAt") else None
+
+
+def ready_since(kubectl: Kubectl, namespace: str, pod: str) -> str | None:
+    """The pod's Ready condition's lastTransitionTime, once it is Ready."""
+    found = kubectl.get_json("pod", pod, "-n", namespace)
+    for entry in (found.get("status") or {}).get("conditions") or []:
+        if entry.get("type") == "Ready" and entry.get("status") == "True":
+            return str(entry["lastTransitionTime"])
+    return None
 
 
 def seconds(stamp: str) -> float:
@@ -203,27 +211,39 @@ def test_requests_served_before_the_first_scrape_count_in_status_and_in_the_anal
     )
     assert acceptance == round(accepted / drafted, 3), (acceptance, accepted, drafted)
 
-    # A canary: served before its first scrape, its figures in its analysis verdicts.
+    # A canary: served before its first scrape, its figures in its analysis verdicts; the
+    # operator frozen from its Starting stage until after that scrape, so it sees the canary's
+    # pod Ready only then: the analysis still starts at the pod's readiness.
     kubectl.apply([first_scrape_sd(namespace, models, "2-small")])
     pod = running_pod(kubectl, namespace, other_than=stable)
     canary = pod["metadata"]["labels"]["specdeploy.dev/revision"]
-    with paused(cluster, "prometheus"):
-        live = eventually(
-            lambda: live_analysis(status(), canary), ENGINE_READY_S, "the canary's analysis live"
-        )
-        counted = served(cluster, pod, models["target"])
-        # A verdict reads the window cut at the live start, to the whole second below now: the
-        # first scrape (after this block) must come after the window's start, as a scrape of a
-        # Ready canary's traffic does.
-        time.sleep(max(0.0, seconds(live["startedAt"]) + 1.0 - time.time()))
-    drafted, accepted = counted[DRAFT_TOKENS], counted[ACCEPTED_TOKENS]
-    print(f"canary {canary} before its first scrape: {accepted:.0f} of {drafted:.0f} accepted")
-    assert drafted >= MIN_DRAFT_TOKENS
-    assert first_sample(prometheus, namespace, canary) == drafted, "scraped before the requests"
-    # The stable serves inside the canary's window too: its own requests of before may be older
-    # than the window by now (the canary's engine took that long to start), and a stable that
-    # decoded nothing in the window leaves the verdict Inconclusive, with nothing to compare.
-    served(cluster, stable_pod, models["target"])
+    eventually(
+        lambda: (status().get("analysis") or {}).get("revision") == canary, 60, "its analysis"
+    )
+    with bed.operator.frozen():
+        with paused(cluster, "prometheus"):
+            ready_at = eventually(
+                lambda: ready_since(kubectl, namespace, pod["metadata"]["name"]),
+                ENGINE_READY_S,
+                "the canary's pod Ready",
+            )
+            counted = served(cluster, pod, models["target"])
+            # Its requests come after its readiness, as a Ready canary's do, and the first
+            # scrape (after this block) after the window's start, the second after it.
+            time.sleep(max(0.0, seconds(ready_at) + 2.0 - time.time()))
+        drafted, accepted = counted[DRAFT_TOKENS], counted[ACCEPTED_TOKENS]
+        print(f"canary {canary} before its first scrape: {accepted:.0f} of {drafted:.0f} accepted")
+        assert drafted >= MIN_DRAFT_TOKENS
+        assert first_sample(prometheus, namespace, canary) == drafted, "scraped before the requests"
+        # The stable serves inside the canary's window too: its own requests of before may be
+        # older than the window by now (the canary's engine took that long to start), and a
+        # stable that decoded nothing in the window leaves the verdict Inconclusive.
+        served(cluster, stable_pod, models["target"])
+        assert (status().get("analysis") or {}).get("stage") == "Starting", "seen while frozen"
+        thawed = time.time()
+    live = eventually(lambda: live_analysis(status(), canary), 60, "the canary's analysis live")
+    print(f"canary Ready at {ready_at}, the operator back at {thawed:.1f}: live from {live}")
+    assert seconds(live["startedAt"]) == seconds(ready_at) + 1, (live, ready_at)
 
     def counted_verdict() -> dict[str, Any] | None:
         for record in status().get("revisions") or []:

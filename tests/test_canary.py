@@ -10,6 +10,7 @@ import pytest
 
 from engine_cluster import MEASURED_LINE
 from fake_kube import FakeKube
+from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.rollout.analysis import Measurement
@@ -80,6 +81,46 @@ def started() -> World:
     assert world.status["phase"] == "Serving", "the first revision is promoted when ready"
     assert world.status.get("canaryRevision") is None
     return world
+
+
+def test_a_canary_seen_ready_late_is_judged_from_when_its_pod_turned_ready() -> None:
+    world = started()
+    stable = world.status["stableRevision"]
+    sd = world.kube.objects[("SpeculativeDeployment", "ns", "chat")]
+    sd["spec"]["pair"]["draft"]["revision"] = "r2"
+    sd["metadata"]["generation"] += 1
+    world.reconciler.reconcile("ns", "chat")
+    canary = world.status["canaryRevision"]
+    assert world.status["analysis"]["stage"] == "Starting"
+    # Its pod turns Ready 5 s later; the operator looks again only 30 s after that.
+    world.kube.make_ready()
+    ready_at = world.now + timedelta(seconds=5)
+    world.kube.pods.append(
+        {
+            "metadata": {
+                "name": f"chat-{canary}-0",
+                "namespace": "ns",
+                "labels": {labels.NAME: "chat", labels.REVISION: canary},
+            },
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "lastTransitionTime": ready_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    }
+                ]
+            },
+        }
+    )
+    world.now += timedelta(seconds=35)
+    world.measured = {stable: GOOD, canary: GOOD}
+    world.reconciler.reconcile("ns", "chat")
+    analysis = world.status["analysis"]
+    started_at = (ready_at + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert (analysis["stage"], analysis["startedAt"]) == ("Live", started_at)
+    # 29 s since: its first two intervals closed, the latest judged at once.
+    assert (analysis["lastInterval"], analysis["passesInARow"]) == (1, 1)
 
 
 def test_a_good_canary_runs_beside_the_stable_then_is_promoted() -> None:

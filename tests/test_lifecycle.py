@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
+from specdeploy.api import labels
 from specdeploy.api.config import AnalysisSettings
 from specdeploy.api.models import AnalysisStatus, ProbeFigures
 from specdeploy.plan.rollout.analysis import Measurement, Outcome
@@ -23,6 +25,7 @@ from specdeploy.plan.rollout.lifecycle import (
     Stage,
     judge_canary,
 )
+from specdeploy.plan.rollout.probe import pods_ready_since
 from vllm_windows import figures
 
 START = datetime(2026, 11, 26, 8, 0, tzinfo=UTC)
@@ -50,7 +53,11 @@ def probe(acceptance: float | None, prompt_set: str = "p1", **changes: object) -
 
 
 def view(
-    *, ready: bool = True, containers_ready: bool = True, since: datetime = START
+    *,
+    ready: bool = True,
+    containers_ready: bool = True,
+    since: datetime = START,
+    ready_since: datetime | None = None,
 ) -> CanaryView:
     return CanaryView(
         revision="canary",
@@ -59,6 +66,7 @@ def view(
         containers_ready=containers_ready,
         has_draft=True,
         ready_pods=1 if ready else 0,
+        ready_since_seconds=ready_since.timestamp() if ready_since else None,
     )
 
 
@@ -129,6 +137,60 @@ def test_a_failed_stable_query_never_promotes_and_the_hold_ends_at_the_limit() -
     assert run.state.reason == EndReason.INCONCLUSIVE_LIMIT
     assert run.state.message.startswith("4 inconclusive verdicts in a row (inconclusiveLimit 4)")
     assert "the stable's figures could not be read: timed out" in run.state.message
+
+
+def test_a_canary_seen_ready_late_goes_live_when_its_pods_turned_ready() -> None:
+    # Its pod turned Ready at 08:00:20 (the kubelet's stamp, cut to the second); the operator
+    # saw it 30 s later (restarted, or busy): the window starts the second after the stamp, so
+    # the requests of those 30 s count, and its first verdicts are due at once.
+    run = Run()
+    run.now = START + timedelta(seconds=50)
+    seen = run.step(canary=view(ready_since=START + timedelta(seconds=20)))
+    assert seen.state is not None
+    assert (seen.state.stage, seen.state.started_at) == (Stage.LIVE, "2026-11-26T08:00:21Z")
+    assert seen.state.last_interval == 1  # 08:00:21 + 2 intervals of 10 s have closed
+    # Seen within the second of the stamp: now, never a start in the future.
+    run = Run()
+    on_time = run.step(canary=view(ready_since=START))
+    assert on_time.state is not None
+    assert on_time.state.started_at == "2026-11-26T08:00:00Z"
+    # Its pods Ready since an earlier turn of the revision: from when it was asked for again.
+    run = Run()
+    run.now = START + timedelta(seconds=40)
+    again = run.step(canary=view(ready_since=START - timedelta(hours=1)))
+    assert again.state is not None
+    assert again.state.started_at == "2026-11-26T08:00:00Z"
+    # No stamp on its pods: when the operator saw it.
+    run = Run()
+    run.now = START + timedelta(seconds=40)
+    unknown = run.step(canary=view())
+    assert unknown.state is not None
+    assert unknown.state.started_at == "2026-11-26T08:00:40Z"
+
+
+def pod(revision: str, ready: str, at: str | None, *, deleting: bool = False) -> dict[str, Any]:
+    condition = {"type": "Ready", "status": ready}
+    if at is not None:
+        condition["lastTransitionTime"] = at
+    metadata: dict[str, Any] = {"labels": {labels.REVISION: revision}}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-26T08:00:00Z"
+    return {"metadata": metadata, "status": {"conditions": [condition]}}
+
+
+def test_a_revision_is_ready_since_its_last_ready_pod_turned_ready() -> None:
+    pods = [
+        pod("canary", "True", "2026-11-26T08:00:05Z"),
+        pod("canary", "True", "2026-11-26T08:00:09Z"),
+        pod("canary", "False", "2026-11-26T08:00:30Z"),  # not Ready: not counted
+        pod("canary", "True", "2026-11-26T08:00:40Z", deleting=True),  # leaving: not counted
+        pod("stable", "True", "2026-11-26T08:00:50Z"),  # another revision
+    ]
+    assert pods_ready_since(pods, "canary") == (START + timedelta(seconds=9)).timestamp()
+    assert pods_ready_since(pods, "none") is None
+    # A Ready pod that does not say since when: unknown, the analysis starts when seen.
+    assert pods_ready_since([*pods, pod("canary", "True", None)], "canary") is None
+    assert pods_ready_since([*pods, pod("canary", "True", "soon")], "canary") is None
 
 
 def test_a_canary_that_never_gets_ready_is_rolled_back_at_its_deadline() -> None:

@@ -1183,7 +1183,11 @@ class AnalysisStatus(ApiModel):
     revision: str = Field(description="The canary revision judged.")
     started_at: str = Field(
         json_schema_extra={"format": "date-time"},
-        description="When all its canary pods were ready; intervals count from here.",
+        description=(
+            "When it went live, intervals count from here: the second after its last canary pod"
+            " turned Ready, or when the operator saw it if sooner (with a probe: when the probe"
+            " was judged)."
+        ),
     )
     last_interval: int = Field(default=-1, description="The last interval judged (-1: none).")
     passes_in_a_row: int = Field(default=0, description="Passing verdicts in a row.")

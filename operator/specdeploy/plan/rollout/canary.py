@@ -37,6 +37,7 @@ from specdeploy.plan.rollout.probe import (
     ProbeResult,
     containers_ready_pods,
     gates_to_open,
+    pods_ready_since,
     probe_figures,
 )
 from specdeploy.plan.rollout.revisions import RevisionDeployment, RolloutEvent, resolve_stable
@@ -266,6 +267,7 @@ def judge_revisions(
             has_draft=_has_draft(canary_record),
             ready_pods=canary_record.ready_replicas if canary_record else 0,
             wanted_pods=wanted,
+            ready_since_seconds=pods_ready_since(pods, canary),
         )
     judgement = judge_canary(
         status.analysis if status else None,

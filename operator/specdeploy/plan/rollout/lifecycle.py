@@ -98,6 +98,9 @@ class CanaryView:
     #: Ready pods / wanted pods, for messages.
     ready_pods: int = 0
     wanted_pods: int = 1
+    #: When the last of its Ready pods turned Ready (the kubelet's stamp, cut to the second),
+    #: in seconds; None when unknown.
+    ready_since_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,8 @@ def judge_canary(
         if probe_configured and canary.containers_ready:
             state = state.model_copy(update={"stage": Stage.PROBE})
         elif not probe_configured and canary.ready:
-            state = state.model_copy(update={"stage": Stage.LIVE, "started_at": _stamp(now)})
+            live = {"stage": Stage.LIVE, "started_at": _stamp(_live_start(canary, now))}
+            state = state.model_copy(update=live)
     skip_probe = requests.promote == f"{revision}/probe"
     if state.stage == Stage.PROBE:
         return _probe_stage(
@@ -247,6 +251,20 @@ def judge_canary(
         now=now,
         tuned=tuned,
     )
+
+
+def _live_start(canary: CanaryView, now: datetime) -> datetime:
+    """When a canary without a probe went live: the second after its last pod turned Ready
+    (the kubelet's stamp is cut to the second, so never before it), not when this reconcile
+    saw it, so a late look (an operator restarted, a busy queue) neither leaves the canary's
+    first requests out of its window nor delays its verdicts. Never before it became the
+    desired revision (its pods may be Ready from an earlier turn), never after now."""
+    if canary.ready_since_seconds is None:
+        return now
+    start = canary.ready_since_seconds + 1
+    if canary.since_seconds is not None:
+        start = max(start, canary.since_seconds)
+    return min(now, datetime.fromtimestamp(start, UTC))
 
 
 def _deadline(

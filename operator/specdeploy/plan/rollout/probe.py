@@ -26,12 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from specdeploy.api import labels
 from specdeploy.api.config import AnalysisSettings
 from specdeploy.api.models import ProbeFigures
 from specdeploy.plan.rollout.analysis import (
+    RFC3339,
     IntervalVerdict,
     ProbeTokens,
     Result,
@@ -262,6 +264,26 @@ def containers_ready_pods(pods: Sequence[Mapping[str, Any]], revision: str) -> i
         for pod in pods
         if _revision_of(pod) == revision and _conditions(pod).get("ContainersReady") == "True"
     )
+
+
+def pods_ready_since(pods: Sequence[Mapping[str, Any]], revision: str) -> float | None:
+    """When the last of `revision`'s Ready pods turned Ready (its Ready condition's
+    lastTransitionTime, in seconds), None when none is Ready or one does not say when."""
+    times: list[float] = []
+    for pod in pods:
+        if _revision_of(pod) != revision:
+            continue
+        for condition in (pod.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "Ready" and condition.get("status") == "True":
+                stamp = condition.get("lastTransitionTime")
+                if not isinstance(stamp, str):
+                    return None
+                try:
+                    moment = datetime.strptime(stamp, RFC3339).replace(tzinfo=UTC)
+                except ValueError:
+                    return None
+                times.append(moment.timestamp())
+    return max(times, default=None)
 
 
 def gates_to_open(
