@@ -47,7 +47,6 @@ from engine_harness import (
     EngineServer,
     build_tiny_models,
     engine_python_path,
-    free_port,
     http_text,
     start_engine,
     vllm_args,
@@ -60,6 +59,7 @@ from specdeploy.plan.rollout.autotune import (
     recommend,
     record_trial,
 )
+from testbed.ports import free_port
 
 # The tiny models' own kind of text (the target was trained on such sentences).
 PROMPTS = [

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import socket
 import sys
 import time
 import urllib.request
@@ -27,6 +26,7 @@ from chart_harness import service_account_kubeconfig
 from engine_cluster import OperatorProcess, apply_crds
 from specdeploy.api import labels
 from testbed import ClusterEnv, Kubectl, audit_log, create_namespace_with_queues, up
+from testbed.ports import free_port
 
 GROUP, VERSION, PLURAL = "specdeploy.dev", "v1alpha1", "speculativedeployments"
 NODES = REPO / "e2e" / "manifests" / "nodes.yaml"
@@ -183,13 +183,6 @@ class Bed:
         ca = Path(self.env.run_dir) / "pki" / "ca.crt"
         service_account_kubeconfig(path, self.env.api_server, ca, token)
         return path, f"system:serviceaccount:{namespace}:{name}"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def raw_copy(deployment: dict[str, Any], name: str) -> dict[str, Any]:

@@ -30,10 +30,10 @@ from engine_harness import (
     EngineServer,
     build_tiny_models,
     engine_python_path,
-    free_port,
     start_engine,
     vllm_args,
 )
+from testbed.ports import free_port
 
 PROMPTS = [
     "The quick fox",

@@ -38,7 +38,6 @@ from typing import Any
 
 from bench.bed import (
     Bed,
-    free_port,
     log,
     poll_until,
     raw_copy,
@@ -61,6 +60,7 @@ from specdeploy.api import labels
 # The canary settings of the e2e suite: interval 10 s, failureLimit 2, scrape 2 s.
 from test_canary_engine import FAILURE_LIMIT, INTERVAL_S, SCRAPE_S, canary_sd
 from testbed import eventually
+from testbed.ports import free_port
 
 TIMER_S = 2.0  # the operator's timer in P3 (as in the canary e2e suite)
 COLLAPSE_FOR_S = 10

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from testbed import ClusterEnv, Kubectl
-from testbed.processes import free_ports
+from testbed.ports import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "specdeploy"

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -32,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from testbed.ports import free_port
 from testbed.process_children import CpuAllocator
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,13 +101,6 @@ def build_tiny_models(python: Path, cache: Path = CACHE) -> dict[str, str]:
             index.write_text(json.dumps({n: str(out / n) for n in names}, indent=2) + "\n")
     models: dict[str, str] = json.loads(index.read_text())
     return models
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def vllm_args(

@@ -20,7 +20,7 @@ import yaml
 from engine_cluster import OperatorProcess
 from sd_bodies import llama_8b
 from testbed import ClusterEnv, Kubectl, eventually
-from testbed.processes import free_ports
+from testbed.ports import free_ports
 
 pytestmark = pytest.mark.e2e
 

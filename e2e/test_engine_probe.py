@@ -23,7 +23,6 @@ from engine_harness import (
     GENERATED_TOKENS,
     EngineServer,
     engine_python,
-    free_port,
     http_text,
     parse_counters,
     start_engine,
@@ -32,6 +31,7 @@ from engine_harness import (
 )
 from specdeploy.api.contract import PROBE_ENV, PROBE_MIDDLEWARE, PROBE_PROMPTS_ENV, PROBE_READY_PATH
 from specdeploy.engine.tiny_models import PROBE_PROMPTS
+from testbed.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 

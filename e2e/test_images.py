@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_harness import build_tiny_models, engine_python_path, free_port
+from engine_harness import build_tiny_models, engine_python_path
+from testbed.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from testbed import processes
+from testbed import ports, processes
 from testbed.images import ImageEntry, image_entry_from_dockerfile, write_image_map
 from testbed.kubectl import Kubectl, KubectlError
 from testbed.pki import CertPair, ClusterPki, create_cluster_pki, write_kubeconfig
@@ -225,7 +225,7 @@ class _Ports:
 
     @classmethod
     def pick(cls) -> _Ports:
-        return cls(*processes.free_ports(11))
+        return cls(*ports.free_ports(11))
 
 
 class Cluster:

@@ -197,12 +197,6 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
-def free_host_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
 class PodNetwork:
     """The forwarding of one running container with a network namespace of its own."""
 
@@ -220,8 +214,9 @@ class PodNetwork:
 
     def expose(self, container_port: int) -> int:
         """A host port on 127.0.0.1 forwarding into the pod's `container_port`."""
-        host_port = free_host_port()
-        sock = _listener(LOOPBACK, host_port)
+        # Listening from the moment of the pick: nothing can take the port in between.
+        sock = _listener(LOOPBACK, 0)
+        host_port = int(sock.getsockname()[1])
         pid = self.pid
 
         def route() -> Route:

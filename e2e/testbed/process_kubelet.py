@@ -53,6 +53,7 @@ from testbed.pod_network import (
     unconnected_socket,
 )
 from testbed.pod_volumes import IssuedToken, PlannedMount, PodVolumes, container_mounts
+from testbed.ports import free_port
 from testbed.process_children import (
     Child,
     CpuAllocator,
@@ -513,7 +514,8 @@ class ServiceDirectory:
 
 
 class PortAllocator:
-    """Free ports on 127.0.0.1, never handed out twice while in use."""
+    """Free ports on 127.0.0.1 (outside the range outgoing connections take theirs from), never
+    handed out twice while in use."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -522,9 +524,7 @@ class PortAllocator:
     def take(self) -> int:
         with self._lock:
             while True:
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                    sock.bind((LOCAL_HOST, 0))
-                    port = int(sock.getsockname()[1])
+                port = free_port()
                 if port not in self._taken:
                     self._taken.add(port)
                     return port
