@@ -31,6 +31,7 @@ from engine_cluster import OperatorProcess, operator_config, operator_running, t
 from engine_harness import engine_python, tiny_models
 from fault_injection import ServingSampler, is_ready
 from sd_bodies import H100, llama_8b
+from specdeploy.api.times import parse_time
 from test_operator import condition, items, sd_of, wait_ready
 from testbed import ClusterEnv, Kubectl, eventually
 from testbed.faults import paused, restart, stopped
@@ -161,10 +162,6 @@ def test_a_rollout_survives_a_control_plane_fault_and_ends_once_in_the_new_revis
         }
 
     eventually(lambda: pod_revisions() == {second}, 60, "only the new revision's pods")
-
-
-def parse_time(value: str) -> datetime:
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
 def test_kueue_down_blocks_new_pods_the_stable_serves_and_kueue_back_finishes_the_rollout(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from engine_harness import (
     parse_counters,
     tiny_models,
 )
+from specdeploy.api.times import parse_time
 from testbed import ClusterEnv, Kubectl, eventually
 from testbed.faults import paused
 
@@ -170,7 +170,7 @@ def ready_since(kubectl: Kubectl, namespace: str, pod: str) -> str | None:
 
 
 def seconds(stamp: str) -> float:
-    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    return parse_time(stamp).timestamp()
 
 
 def first_sample(prometheus: PrometheusConnect, namespace: str, revision: str) -> float:

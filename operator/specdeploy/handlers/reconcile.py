@@ -30,6 +30,7 @@ from specdeploy.api import labels
 from specdeploy.api.conditions import Reason
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SpeculativeDeployment, SpeculativeDeploymentStatus
+from specdeploy.api.times import RFC3339, parse_time
 from specdeploy.plan.children.manifests import (
     LWS_API_VERSION,
     LWS_KIND,
@@ -45,7 +46,6 @@ from specdeploy.plan.placement.kueue import (
 )
 from specdeploy.plan.placement.sizing import models_needing_shapes
 from specdeploy.plan.rollout.analysis import (
-    RFC3339,
     Measurement,
     describe_measurement,
     live_window,
@@ -285,7 +285,7 @@ class Reconciler:
                 "Rollback",
             )
         ):
-            started = datetime.strptime(analysis.started_at, RFC3339).replace(tzinfo=UTC)
+            started = parse_time(analysis.started_at)
             window = live_window(window, started.timestamp(), self.clock().timestamp())
         serving = (r for r in map(read_revision_deployment, deployments) if r is not None)
         namespace, name = sd.metadata.namespace or "", sd.metadata.name or ""

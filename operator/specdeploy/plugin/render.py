@@ -12,13 +12,12 @@ from specdeploy.api.models import (
     SpeculativeDeploymentStatus,
     Verdict,
 )
-
-RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
+from specdeploy.api.times import parse_time
 
 
 def _age(stamp: str | None, now: datetime) -> str:
     try:
-        then = datetime.strptime(stamp or "", RFC3339).replace(tzinfo=UTC)
+        then = parse_time(stamp or "")
     except ValueError:
         return "-"
     seconds = int((now - then).total_seconds())

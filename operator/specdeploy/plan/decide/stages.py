@@ -24,6 +24,7 @@ from specdeploy.api.models import (
     SpeculationStatus,
     SpeculativeDeployment,
 )
+from specdeploy.api.times import RFC3339
 from specdeploy.plan.children.manifests import pod_selector
 from specdeploy.plan.children.revision import revision_hash
 from specdeploy.plan.children.writes import ChildWrites, LiveChildren, plan_child_writes
@@ -35,7 +36,7 @@ from specdeploy.plan.placement.gpu_catalog import (
     read_gpu_inventories,
 )
 from specdeploy.plan.placement.sizing import ShapeUnknown, Unschedulable, keep_sizing, size_pair
-from specdeploy.plan.rollout.analysis import RFC3339, duration_seconds
+from specdeploy.plan.rollout.analysis import duration_seconds
 from specdeploy.plan.rollout.autotune import Tuning, tune_deployment, tuned_spec
 from specdeploy.plan.rollout.canary import (
     CanaryDecision,

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from specdeploy.api.conditions import ConditionType, Reason
+from specdeploy.api.times import parse_time
 from specdeploy.plan.placement.kueue import KueueWebhooks
 from specdeploy.plan.status.conditions import ConditionUpdate
 
@@ -249,7 +250,7 @@ def _longest_wait(pods: Sequence[Mapping[str, Any]], now: datetime | None) -> fl
     for pod in pods:
         created = (pod.get("metadata") or {}).get("creationTimestamp")
         try:
-            then = datetime.strptime(str(created), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+            then = parse_time(str(created))
         except ValueError:
             return None
         ages.append((now - then).total_seconds())

@@ -53,8 +53,6 @@ from enum import StrEnum
 
 from specdeploy.api.config import AnalysisSettings
 
-RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
-
 
 class Result(StrEnum):
     PASS = "Pass"

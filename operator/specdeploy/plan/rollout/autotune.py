@@ -44,7 +44,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 
 from specdeploy.api.conditions import Reason
 from specdeploy.api.config import AnalysisSettings
@@ -60,7 +60,8 @@ from specdeploy.api.models import (
     SpeculativeDeployment,
     SpeculativeDeploymentSpec,
 )
-from specdeploy.plan.rollout.analysis import RFC3339, Outcome, duration_seconds
+from specdeploy.api.times import RFC3339, parse_time
+from specdeploy.plan.rollout.analysis import Outcome, duration_seconds
 from specdeploy.plan.rollout.revisions import RolloutEvent
 
 #: Each position beyond the measured ones keeps at most this share of the previous
@@ -394,7 +395,7 @@ def spec_fingerprint(spec: SpeculativeDeploymentSpec) -> str:
 def _parse(stamp: str | None) -> datetime | None:
     if not stamp:
         return None
-    return datetime.strptime(stamp, RFC3339).replace(tzinfo=UTC)
+    return parse_time(stamp)
 
 
 def measurement_due(

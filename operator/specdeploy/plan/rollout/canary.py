@@ -24,8 +24,9 @@ from specdeploy.api.models import (
     SpeculativeDeploymentSpec,
     SpeculativeDeploymentStatus,
 )
+from specdeploy.api.times import RFC3339, parse_time
 from specdeploy.plan.children.vllm_args import probe_of
-from specdeploy.plan.rollout.analysis import RFC3339, Measurement, Outcome, Result
+from specdeploy.plan.rollout.analysis import Measurement, Outcome, Result
 from specdeploy.plan.rollout.lifecycle import (
     CanaryJudgement,
     CanaryView,
@@ -172,7 +173,7 @@ def desired_since(
 def _seconds(stamp: str | None) -> float | None:
     if stamp is None:
         return None
-    return datetime.strptime(stamp, RFC3339).replace(tzinfo=UTC).timestamp()
+    return parse_time(stamp).timestamp()
 
 
 def undo_target(

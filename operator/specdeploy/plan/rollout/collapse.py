@@ -17,11 +17,12 @@ revision (a later resume of the same revision needs a new value, such as `<revis
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from specdeploy.api.conditions import Reason
 from specdeploy.api.models import CollapseGuardSpec, CollapseStatus
-from specdeploy.plan.rollout.analysis import RFC3339, Measurement, duration_seconds
+from specdeploy.api.times import RFC3339, parse_time
+from specdeploy.plan.rollout.analysis import Measurement, duration_seconds
 from specdeploy.plan.rollout.revisions import RolloutEvent
 
 HYSTERESIS = 0.05
@@ -41,10 +42,6 @@ def _asks_resume(value: str | None, pair_revision: str) -> bool:
     """The annotation names the revision, alone or with a suffix (`<revision>-2`) so that a
     later resume can be asked for again."""
     return value is not None and (value == pair_revision or value.startswith(f"{pair_revision}-"))
-
-
-def _parse(stamp: str) -> datetime:
-    return datetime.strptime(stamp, RFC3339).replace(tzinfo=UTC)
 
 
 def watch_collapse(
@@ -102,7 +99,7 @@ def watch_collapse(
     if rate >= guard.floor:
         return GuardVerdict(state=state)
     since = state.below_since or stamp
-    lasted = (now - _parse(since)).total_seconds()
+    lasted = (now - parse_time(since)).total_seconds()
     message = (
         f"acceptance {rate:.2f} < floor {guard.floor:.2f} since {since} "
         f"({lasted:.0f}s of {guard.for_}) on revision {pair_revision}"

@@ -33,8 +33,8 @@ from datetime import UTC, datetime
 from specdeploy.api import labels
 from specdeploy.api.config import AnalysisSettings
 from specdeploy.api.models import AnalysisStatus, ProbeFigures
+from specdeploy.api.times import RFC3339, parse_time
 from specdeploy.plan.rollout.analysis import (
-    RFC3339,
     AnalysisState,
     IntervalVerdict,
     Measurement,
@@ -123,10 +123,6 @@ def _stamp(now: datetime) -> str:
     return now.strftime(RFC3339)
 
 
-def _seconds(stamp: str) -> float:
-    return datetime.strptime(stamp, RFC3339).replace(tzinfo=UTC).timestamp()
-
-
 def _as_state(status: AnalysisStatus) -> AnalysisState:
     return AnalysisState(
         last_interval=status.last_interval,
@@ -184,7 +180,7 @@ def judge_canary(
     if (
         state is not None
         and canary.since_seconds is not None
-        and _seconds(state.started_at) < canary.since_seconds
+        and parse_time(state.started_at).timestamp() < canary.since_seconds
     ):
         # An analysis of an earlier turn of this revision (promoted long ago, now asked for
         # again, e.g. after its speculation collapsed): it is judged afresh.
@@ -353,9 +349,8 @@ def _live_stage(
     now: datetime,
     tuned: bool,
 ) -> CanaryJudgement:
-    number = interval_number(
-        _seconds(state.started_at), now.timestamp(), duration_seconds(settings.interval)
-    )
+    started = parse_time(state.started_at).timestamp()
+    number = interval_number(started, now.timestamp(), duration_seconds(settings.interval))
     if number <= state.last_interval:
         late = _deadline(state, canary, deadline_seconds, now)
         if late is not None:

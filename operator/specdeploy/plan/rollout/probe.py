@@ -26,14 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from specdeploy.api import labels
 from specdeploy.api.config import AnalysisSettings
 from specdeploy.api.models import ProbeFigures
+from specdeploy.api.times import parse_time
 from specdeploy.plan.rollout.analysis import (
-    RFC3339,
     IntervalVerdict,
     ProbeTokens,
     Result,
@@ -279,7 +278,7 @@ def pods_ready_since(pods: Sequence[Mapping[str, Any]], revision: str) -> float 
                 if not isinstance(stamp, str):
                     return None
                 try:
-                    moment = datetime.strptime(stamp, RFC3339).replace(tzinfo=UTC)
+                    moment = parse_time(stamp)
                 except ValueError:
                     return None
                 times.append(moment.timestamp())

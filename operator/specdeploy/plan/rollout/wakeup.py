@@ -10,17 +10,14 @@ Pure: the answer depends on the status the reconcile wrote and the settings alon
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from specdeploy.api.models import AnalysisStatus, CollapseStatus
-from specdeploy.plan.rollout.analysis import RFC3339, Outcome, duration_seconds
+from specdeploy.api.times import parse_time
+from specdeploy.plan.rollout.analysis import Outcome, duration_seconds
 
 #: Past the computed moment: the interval has surely closed (status times are whole seconds).
 MARGIN = timedelta(milliseconds=50)
-
-
-def _parse(stamp: str) -> datetime:
-    return datetime.strptime(stamp, RFC3339).replace(tzinfo=UTC)
 
 
 def next_verdict_at(analysis: AnalysisStatus | None, interval: str) -> datetime | None:
@@ -33,7 +30,7 @@ def next_verdict_at(analysis: AnalysisStatus | None, interval: str) -> datetime 
         return None
     if analysis.stage != "Live" or analysis.paused:
         return None
-    started = _parse(analysis.started_at)
+    started = parse_time(analysis.started_at)
     seconds = duration_seconds(interval) * (analysis.last_interval + 2)
     return started + timedelta(seconds=seconds) + MARGIN
 
@@ -42,7 +39,7 @@ def next_collapse_at(collapse: CollapseStatus | None, for_: str | None) -> datet
     """When a guard whose pair is below its floor fires if nothing changes (None: not pending)."""
     if collapse is None or for_ is None or collapse.triggered or collapse.below_since is None:
         return None
-    return _parse(collapse.below_since) + timedelta(seconds=duration_seconds(for_)) + MARGIN
+    return parse_time(collapse.below_since) + timedelta(seconds=duration_seconds(for_)) + MARGIN
 
 
 def next_wake(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from specdeploy.api import labels
@@ -28,7 +27,8 @@ from specdeploy.api.models import (
     SpeculativeDeploymentStatus,
     Verdict,
 )
-from specdeploy.plan.rollout.analysis import RFC3339, Measurement, Outcome
+from specdeploy.api.times import parse_time
+from specdeploy.plan.rollout.analysis import Measurement, Outcome
 from specdeploy.plan.rollout.collapse import GuardVerdict
 from specdeploy.plan.rollout.lifecycle import CanaryJudgement, EndReason, Stage
 from specdeploy.plan.rollout.revisions import RevisionDeployment, RolloutEvent, RolloutPlan
@@ -566,8 +566,8 @@ def _serving_figures(
 
 
 def _seconds_between(earlier: str, later: str) -> float:
-    start = datetime.strptime(earlier, RFC3339).replace(tzinfo=UTC)
-    end = datetime.strptime(later, RFC3339).replace(tzinfo=UTC)
+    start = parse_time(earlier)
+    end = parse_time(later)
     return (end - start).total_seconds()
 
 
