@@ -48,6 +48,7 @@ from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.leadership import LeaseElector, default_identity, serve_standby_probe
+from specdeploy.handlers.logs import configure_logging
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.handlers.work_queue import Backoff, WorkQueue
 from specdeploy.handlers.workers import (
@@ -474,9 +475,7 @@ async def _cancel_when_set(flag: asyncio.Event, task: asyncio.Task[None]) -> Non
 
 def main(args: argparse.Namespace) -> int:
     """Runs the operator until interrupted; returns the exit code."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging()
     if getattr(args, "log_reconciles", False):
         logging.getLogger("specdeploy.reconcile").setLevel(logging.DEBUG)
     metrics = OperatorMetrics()
