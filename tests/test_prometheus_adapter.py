@@ -335,3 +335,44 @@ def test_no_pod_reporting_a_probe_is_no_probe_and_a_failed_query_says_why() -> N
     assert failed is not None
     assert failed.error is not None
     assert "127.0.0.1:9" in failed.error
+
+
+class _ScrapedAfter:
+    """Prometheus answering nothing to the first `calls` queries, then the probe's figures."""
+
+    def __init__(self, calls: int, by_query: dict[str, str]) -> None:
+        self.calls = calls
+        self.by_query = by_query
+        self.made = 0
+
+    def __call__(self, query: str) -> list[dict[str, Any]]:
+        self.made += 1
+        if self.made <= self.calls:
+            return []  # not scraped yet
+        name = self.by_query[query]
+        if name == "accepted_tokens_per_position":
+            return [{"metric": {"prompt_set": "a1", "position": "0"}, "value": [0, "280"]}]
+        return [
+            {"metric": {"prompt_set": key}, "value": [0, value]}
+            for key, value in PROBE_ANSWERS[name]
+        ]
+
+
+def test_a_scrape_between_the_probe_s_queries_is_never_read_as_an_incomplete_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The pods' gauges appear together in one scrape and stay. Wherever that scrape lands among
+    # the queries, the reading is either none yet or the whole probe: a CI run read a complete
+    # probe as incomplete (the `complete` gauge queried before the scrape, the pods after) and
+    # the canary was judged on live traffic alone.
+    queries = probe_queries("serving", "abc123")
+    by_query = {query: name for name, query in queries.items()}
+    for scraped_after in range(len(queries) + 2):  # the pods are counted first and last
+        reader = PrometheusReader("http://127.0.0.1:9")
+        monkeypatch.setattr(reader, "_vector", _ScrapedAfter(scraped_after, by_query))
+        probe = reader.measure_probe("serving", "abc123")
+        if probe is None:
+            assert scraped_after > 0
+            continue
+        assert scraped_after == 0, (scraped_after, probe)
+        assert (probe.pods, probe.complete, probe.draft_tokens) == (2, True, 900.0)

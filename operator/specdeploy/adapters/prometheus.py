@@ -269,15 +269,23 @@ class PrometheusReader:
     def measure_probe(self, namespace: str, revision: str) -> ProbeResult | None:
         """What the revision's pods measured on the probe (None: no pod reports one yet); a
         failed query is a ProbeResult with `error`. When its pods ran different prompt sets
-        (the ConfigMap changed between their starts), the set most pods ran."""
+        (the ConfigMap changed between their starts), the set most pods ran.
+
+        One query per figure, and a scrape can land between two of them: a pod's gauges all
+        appear in one scrape and stay, so the pods reporting are counted first and again last,
+        and a reading whose counts differ is no reading yet (None), never one that sums some
+        figures with the pod and some without (its probe read as incomplete)."""
         queries = probe_queries(namespace, revision)
+        pods_query = queries.pop("pods")
         try:
+            first = self._vector(pods_query)
             per_position = self._vector(queries.pop(PROBE_PER_POSITION_GAUGE))
             found = {name: self._vector(query) for name, query in queries.items()}
+            last = self._vector(pods_query)
         except PrometheusUnavailableError as error:
             return ProbeResult(prompt_set="", error=str(error))
-        pods = {_label(s, "prompt_set"): float(s["value"][1]) for s in found["pods"]}
-        if not pods:
+        pods = {_label(s, "prompt_set"): float(s["value"][1]) for s in first}
+        if not pods or pods != {_label(s, "prompt_set"): float(s["value"][1]) for s in last}:
             return None
         chosen = max(pods, key=lambda key: (pods[key], key))
 
