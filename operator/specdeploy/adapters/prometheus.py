@@ -216,6 +216,11 @@ def _cause(error: Exception) -> str:
     return str(error)
 
 
+def _pods_by_prompt_set(series: list[dict[str, Any]]) -> dict[str, float]:
+    """The probe's pod counts (its `pods` query) by prompt set."""
+    return {_label(s, "prompt_set"): float(s["value"][1]) for s in series}
+
+
 class PrometheusReader:
     """Reads measurements from one Prometheus; one attempt per query, short timeouts."""
 
@@ -284,8 +289,8 @@ class PrometheusReader:
             last = self._vector(pods_query)
         except PrometheusUnavailableError as error:
             return ProbeResult(prompt_set="", error=str(error))
-        pods = {_label(s, "prompt_set"): float(s["value"][1]) for s in first}
-        if not pods or pods != {_label(s, "prompt_set"): float(s["value"][1]) for s in last}:
+        pods = _pods_by_prompt_set(first)
+        if not pods or pods != _pods_by_prompt_set(last):
             return None
         chosen = max(pods, key=lambda key: (pods[key], key))
 
