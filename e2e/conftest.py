@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ import pytest
 import yaml
 from kubernetes import config as kubernetes_config
 
+from cpu_share import CpuShares, read_cpu_times
 from engine_cluster import (
     OperatorProcess,
     apply_crds,
@@ -54,6 +56,7 @@ __all__ = ["engine_python", "tiny_models"]  # session fixtures of engine_harness
 
 REQUIRED = os.environ.get("SPECDEPLOY_E2E_REQUIRED") == "1"
 _E2E_ITEMS = pytest.StashKey[int]()
+_CPU = CpuShares()
 
 
 def _required_failure(reason: str) -> str:
@@ -180,6 +183,29 @@ _POOL = _SessionPool()
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     if item.nodeid == _POOL.last_user:
         _POOL.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Counts the machine's CPU time over each test (setup, call and teardown) by module."""
+    before, start = read_cpu_times(), time.monotonic()
+    try:
+        return (yield)
+    finally:
+        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+        _CPU.record(module, before, read_cpu_times(), time.monotonic() - start)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The CPUs' busy share by module (cpu_share), and e2e-cpu.json beside the junit file."""
+    if not _CPU.modules:
+        return
+    terminalreporter.section("CPUs busy while each module ran")
+    for line in _CPU.lines():
+        terminalreporter.write_line(line)
+    junit = getattr(config.option, "xmlpath", None)
+    if junit:
+        _CPU.write(Path(junit).with_name("e2e-cpu.json"))
 
 
 @pytest.hookimpl(wrapper=True)
