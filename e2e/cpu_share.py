@@ -26,13 +26,15 @@ class CpuTimes:
 
 def parse_cpu_times(stat: str) -> CpuTimes:
     """The first line of ``/proc/stat`` (all CPUs): user, nice, system, idle, iowait, irq,
-    softirq, steal; guest time is already inside user and nice. Idle and iowait are not busy."""
+    softirq, steal; guest time is already inside user and nice. Busy is this machine's work, as
+    vmstat's us and sy count it: idle, iowait and steal (time the hypervisor gave to another
+    machine) are not."""
     fields = stat.splitlines()[0].split()
     if fields[0] != "cpu":
         raise ValueError(f"not the all-CPU line of /proc/stat: {fields[0]!r}")
     user, nice, system, idle, iowait, irq, softirq, steal = (int(f) for f in fields[1:9])
-    busy = user + nice + system + irq + softirq + steal
-    return CpuTimes(busy=busy, total=busy + idle + iowait)
+    busy = user + nice + system + irq + softirq
+    return CpuTimes(busy=busy, total=busy + idle + iowait + steal)
 
 
 def read_cpu_times(path: Path = PROC_STAT) -> CpuTimes | None:

@@ -13,9 +13,9 @@ from cpu_share import CpuShares, CpuTimes, parse_cpu_times, read_cpu_times
 STAT = "cpu  100 5 40 800 30 2 3 20 7 0\ncpu0 50 2 20 400 15 1 2 10 3 0\nintr 1 2 3\n"
 
 
-def test_the_all_cpu_line_counts_idle_and_iowait_as_not_busy_and_guest_once() -> None:
+def test_idle_iowait_and_steal_are_not_busy_and_guest_counts_once() -> None:
     times = parse_cpu_times(STAT)
-    assert times == CpuTimes(busy=100 + 5 + 40 + 2 + 3 + 20, total=1000)
+    assert times == CpuTimes(busy=100 + 5 + 40 + 2 + 3, total=1000)
 
 
 def test_a_per_cpu_line_first_is_refused() -> None:
