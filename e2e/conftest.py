@@ -105,7 +105,7 @@ SERIAL_TESTS = frozenset(
 
 def is_serial(item: pytest.Item) -> bool:
     name = getattr(item, "originalname", item.name)
-    module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    module = item.path.name
     crd = "pod_monitor_crd" in getattr(item, "fixturenames", ())
     return module in SERIAL_MODULES or name in SERIAL_TESTS or crd
 
@@ -192,8 +192,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     try:
         return (yield)
     finally:
-        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-        _CPU.record(module, before, read_cpu_times(), time.monotonic() - start)
+        _CPU.record(item.path.stem, before, read_cpu_times(), time.monotonic() - start)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

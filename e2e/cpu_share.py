@@ -77,18 +77,18 @@ class CpuShares:
         """The CPU time the whole machine spent working while the module ran."""
         return share.busy_ticks / self.ticks_per_second
 
+    def figures(self, share: ModuleShare) -> dict[str, object]:
+        """What a row (or the whole run) says: wall seconds, busy share, CPU-seconds."""
+        return {
+            "seconds": round(share.seconds, 1),
+            "busy": None if share.busy is None else round(share.busy, 3),
+            "cpu_seconds": round(self.cpu_seconds(share), 1),
+        }
+
     def rows(self) -> list[dict[str, object]]:
         """One row per module, the longest first."""
         ordered = sorted(self.modules.items(), key=lambda kv: kv[1].seconds, reverse=True)
-        return [
-            {
-                "module": module,
-                "seconds": round(share.seconds, 1),
-                "busy": None if share.busy is None else round(share.busy, 3),
-                "cpu_seconds": round(self.cpu_seconds(share), 1),
-            }
-            for module, share in ordered
-        ]
+        return [{"module": module, **self.figures(share)} for module, share in ordered]
 
     def total(self) -> ModuleShare:
         whole = ModuleShare()
@@ -117,17 +117,5 @@ class CpuShares:
         return out
 
     def write(self, path: Path) -> None:
-        whole = self.total()
-        path.write_text(
-            json.dumps(
-                {
-                    "seconds": round(whole.seconds, 1),
-                    "busy": None if whole.busy is None else round(whole.busy, 3),
-                    "cpu_seconds": round(self.cpu_seconds(whole), 1),
-                    "cpus": os.cpu_count(),
-                    "modules": self.rows(),
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        figures = {**self.figures(self.total()), "cpus": os.cpu_count(), "modules": self.rows()}
+        path.write_text(json.dumps(figures, indent=2) + "\n")
