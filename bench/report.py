@@ -345,9 +345,10 @@ LIMITS = {
     "P1 rollout overhead, KWOK pods": (
         "two hops the raw Deployment does not have (the SD's watch event to the operator, then the "
         "Ready status write and its watch event, 20 to 40 ms together), and the Deployment "
-        "itself becoming ready later beside the operator's own writes for the SD (Service, "
+        "itself starting later beside the operator's own writes for the SD (Service, "
         "ControllerRevision, status) and its handling of the watch events, which share the "
-        "API server and the CPUs with the controllers that make it ready"
+        "API server and the CPUs with the controllers that make it ready (the SD is Ready "
+        "when its pod is, not when the Deployment controller counts it)"
     ),
     "P1 rollout overhead, CPU engines": (
         "the raw Deployment runs the SD's own pod template (the launcher's pair check "

@@ -52,7 +52,7 @@ from specdeploy.plan.rollout.analysis import (
 )
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement, measurement_due
 from specdeploy.plan.rollout.probe import ProbeResult
-from specdeploy.plan.rollout.revisions import read_revision_deployment
+from specdeploy.plan.rollout.revisions import read_revision_deployment, ready_pods_by_revision
 from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 from specdeploy.plan.status.refusal import RefusedWrite, refusal_status, refused_generation
 
@@ -204,7 +204,7 @@ class Reconciler:
             ),
             fetched_shapes=self._fetched_shapes(sd),
             kueue=self.kueue,
-            measurements=self._measurements(sd, [*deployments, *sets]),
+            measurements=self._measurements(sd, [*deployments, *sets], children["pods"]),
             probes=self._probes(sd, [*deployments, *sets]),
             autotune=self._autotune_measurement(sd),
             autotune_trial=self._autotune_measurement(sd, trial=True),
@@ -267,7 +267,10 @@ class Reconciler:
         return self.measure_autotune(sd.metadata.namespace or "", revision, settings.window)
 
     def _measurements(
-        self, sd: SpeculativeDeployment, deployments: list[dict[str, Any]]
+        self,
+        sd: SpeculativeDeployment,
+        deployments: list[dict[str, Any]],
+        pods: list[dict[str, Any]],
     ) -> dict[str, Measurement]:
         """What Prometheus measured of each revision with ready pods, when spec.rollout asks
         for analysis (the canary's and the stable's figures), all over the same range: the
@@ -287,7 +290,10 @@ class Reconciler:
         ):
             started = parse_time(analysis.started_at)
             window = live_window(window, started.timestamp(), self.clock().timestamp())
-        serving = (r for r in map(read_revision_deployment, deployments) if r is not None)
+        ready_pods = ready_pods_by_revision(pods)
+        serving = (
+            r for d in deployments if (r := read_revision_deployment(d, ready_pods)) is not None
+        )
         namespace, name = sd.metadata.namespace or "", sd.metadata.name or ""
         measured = {
             r.revision: self.measure(namespace, r.revision, window)

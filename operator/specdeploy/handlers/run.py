@@ -61,6 +61,7 @@ from specdeploy.handlers.workers import (
     reconcile_from,
     relist_from,
 )
+from specdeploy.plan.rollout.revisions import pod_is_ready
 from specdeploy.plan.status.pair_check import shows_launcher_exit
 
 FINALIZER = "specdeploy.dev/finalizer"
@@ -318,7 +319,8 @@ def reconciles_for(
       change the store did not already hold (pods became ready, someone edited or deleted
       it), not the echo of our own write;
     - a pod whose engine container ended with the launcher's exit (its Deployment may not
-      change at all);
+      change at all), or that turned Ready (its revision is ready before the Deployment
+      controller counts the pod);
     - nothing else (nodes, Kueue's objects, CRDs: the periodic round reads them)."""
     metadata = obj.get("metadata") or {}
     namespace = metadata.get("namespace") or ""
@@ -335,9 +337,19 @@ def reconciles_for(
     if kind.name in WATCHED_CHILDREN:
         managed = (metadata.get("labels") or {}).get(labels.MANAGED_BY)
         return [(namespace, owner)] if managed == labels.MANAGED_BY_VALUE else []
-    if kind is watch_cache.PODS and event_type != "DELETED" and shows_launcher_exit(obj):
+    pod_news = kind is watch_cache.PODS and event_type != "DELETED"
+    if pod_news and (shows_launcher_exit(obj) or became_ready(seen, obj)):
         return [(namespace, owner)]
     return []
+
+
+def became_ready(seen: watch_cache.Seen, pod: Mapping[str, Any]) -> bool:
+    """Whether this pod event is its turn to Ready: the reconcile it asks for counts the pod
+    before the Deployment controller does (plan.rollout.revisions.read_revision_deployment)."""
+    if not pod_is_ready(pod):
+        return False
+    previous = seen.previous
+    return previous is None or not pod_is_ready(previous)
 
 
 async def run_operator(  # noqa: PLR0917

@@ -53,6 +53,7 @@ from specdeploy.plan.rollout.revisions import (
     RolloutPlan,
     plan_rollout,
     read_revision_deployment,
+    ready_pods_by_revision,
 )
 from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 from specdeploy.plan.rollout.wakeup import next_wake
@@ -80,8 +81,10 @@ class World:
 def read_world(snapshot: Snapshot, config: OperatorConfig, catalog: Sequence[GpuProduct]) -> World:
     """The SD, its analysis settings, the GPU inventory and its revision Deployments."""
     sd = SpeculativeDeployment.from_body(dict(snapshot.body))
+    ready_pods = ready_pods_by_revision(snapshot.pods)
     found = (
-        read_revision_deployment(d) for d in (*snapshot.deployments, *snapshot.leader_worker_sets)
+        read_revision_deployment(d, ready_pods)
+        for d in (*snapshot.deployments, *snapshot.leader_worker_sets)
     )
     return World(
         sd=sd,

@@ -54,9 +54,36 @@ def _pod_template(child: Mapping[str, Any]) -> Mapping[str, Any]:
     return spec.get("template") or {}
 
 
-def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeployment | None:
+def pod_is_ready(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod counts as ready: its Ready condition is True (readiness gates included)
+    and it is not being deleted."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def ready_pods_by_revision(pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Ready pods per revision label, from the pod store."""
+    found: dict[str, int] = {}
+    for pod in pods:
+        revision = ((pod.get("metadata") or {}).get("labels") or {}).get(REVISION)
+        if revision and pod_is_ready(pod):
+            found[revision] = found.get(revision, 0) + 1
+    return found
+
+
+def read_revision_deployment(
+    deployment: Mapping[str, Any], ready_pods: Mapping[str, int] | None = None
+) -> RevisionDeployment | None:
     """Reads a revision's child (a Deployment, or a LeaderWorkerSet whose replicas are groups)
-    into its revision state; None if it carries no revision label."""
+    into its revision state; None if it carries no revision label.
+
+    A Deployment's ready replicas are the larger of its status's `readyReplicas` and its
+    revision's ready pods in `ready_pods` (ready_pods_by_revision): a pod is seen Ready before
+    the Deployment controller counts it, so a revision is ready as soon as its pods are, and
+    never less ready than its Deployment says. A LeaderWorkerSet counts groups: its status
+    alone."""
     metadata = deployment.get("metadata") or {}
     labels = metadata.get("labels") or {}
     revision = labels.get(REVISION)
@@ -75,17 +102,21 @@ def read_revision_deployment(deployment: Mapping[str, Any]) -> RevisionDeploymen
                     pair = json.loads(env["value"])
                 except ValueError:
                     pair = {}
+    kind = "LeaderWorkerSet" if "leaderWorkerTemplate" in spec else "Deployment"
+    ready = int(status.get("readyReplicas") or 0)
+    if kind == "Deployment" and ready_pods:
+        ready = max(ready, ready_pods.get(str(revision), 0))
     return RevisionDeployment(
         name=str(metadata.get("name", "")),
         revision=str(revision),
         replicas=int(spec.get("replicas", 1) or 0),
-        ready_replicas=int(status.get("readyReplicas") or 0),
+        ready_replicas=ready,
         created=str(metadata.get("creationTimestamp") or ""),
         pair_version=str(labels.get(PAIR_VERSION, "")),
         pair=pair,
-        pods=int(status.get("replicas") or 0),
+        pods=max(int(status.get("replicas") or 0), ready),
         observed=int(status.get("observedGeneration") or 0) >= int(metadata.get("generation") or 0),
-        kind="LeaderWorkerSet" if "leaderWorkerTemplate" in spec else "Deployment",
+        kind=kind,
         probe_gate=PROBE_GATE in gates,
     )
 
