@@ -53,7 +53,9 @@ def test_rollout_rounds_are_paired_run_by_run() -> None:
     [figure] = rollout_figures(kwok, None)
     ratios = [sd / raw for sd, raw in zip(kwok["sd_seconds"], kwok["raw_seconds"], strict=True)]
     assert list(figure.rounds) == ratios
-    assert figure.verdict is Verdict.MISSED, "the interval of the KWOK rounds is over 1.5"
+    # The verdict is the interval's against 1.5: the recorded run's straddles it.
+    assert figure.low < 1.5 < figure.high, (figure.low, figure.high)
+    assert figure.verdict is Verdict.INCONCLUSIVE
 
 
 def test_a_reaction_under_its_floor_gives_no_verdict() -> None:
