@@ -38,6 +38,7 @@ from specdeploy.plan.rollout.analysis import (
     Result,
     acceptance_compared,
 )
+from specdeploy.plan.rollout.revisions import live_revision_of, pod_conditions
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -242,26 +243,14 @@ def probe_figures(
     return found
 
 
-def _conditions(pod: Mapping[str, Any]) -> dict[str, str]:
-    found = (pod.get("status") or {}).get("conditions") or []
-    return {str(c.get("type")): str(c.get("status")) for c in found}
-
-
-def _revision_of(pod: Mapping[str, Any]) -> str | None:
-    metadata = pod.get("metadata") or {}
-    if metadata.get("deletionTimestamp"):
-        return None
-    revision = (metadata.get("labels") or {}).get(labels.REVISION)
-    return str(revision) if revision else None
-
-
 def containers_ready_pods(pods: Sequence[Mapping[str, Any]], revision: str) -> int:
     """Pods of `revision` whose containers are all ready: with a probe, their probe is over
     (its readiness gate may still hold them out of the Service)."""
     return sum(
         1
         for pod in pods
-        if _revision_of(pod) == revision and _conditions(pod).get("ContainersReady") == "True"
+        if live_revision_of(pod) == revision
+        and pod_conditions(pod).get("ContainersReady") == "True"
     )
 
 
@@ -270,7 +259,7 @@ def pods_ready_since(pods: Sequence[Mapping[str, Any]], revision: str) -> float 
     lastTransitionTime, in seconds), None when none is Ready or one does not say when."""
     times: list[float] = []
     for pod in pods:
-        if _revision_of(pod) != revision:
+        if live_revision_of(pod) != revision:
             continue
         for condition in (pod.get("status") or {}).get("conditions") or []:
             if condition.get("type") == "Ready" and condition.get("status") == "True":
@@ -298,8 +287,8 @@ def gates_to_open(
         sorted(
             str(pod["metadata"]["name"])
             for pod in pods
-            if (revision := _revision_of(pod)) in gated
+            if (revision := live_revision_of(pod)) in gated
             and revision not in closed
-            and _conditions(pod).get(labels.PROBE_GATE) != "True"
+            and pod_conditions(pod).get(labels.PROBE_GATE) != "True"
         )
     )

@@ -54,21 +54,34 @@ def _pod_template(child: Mapping[str, Any]) -> Mapping[str, Any]:
     return spec.get("template") or {}
 
 
+def pod_conditions(pod: Mapping[str, Any]) -> dict[str, str]:
+    """A pod's condition statuses by type ("Ready": "True", ...)."""
+    found = (pod.get("status") or {}).get("conditions") or []
+    return {str(c.get("type")): str(c.get("status")) for c in found}
+
+
+def live_revision_of(pod: Mapping[str, Any]) -> str | None:
+    """The revision label of a pod not being deleted (None: no label, or being deleted)."""
+    metadata = pod.get("metadata") or {}
+    if metadata.get("deletionTimestamp"):
+        return None
+    revision = (metadata.get("labels") or {}).get(REVISION)
+    return str(revision) if revision else None
+
+
 def pod_is_ready(pod: Mapping[str, Any]) -> bool:
     """Whether a pod counts as ready: its Ready condition is True (readiness gates included)
     and it is not being deleted."""
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
+    return not deleting and pod_conditions(pod).get("Ready") == "True"
 
 
 def ready_pods_by_revision(pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """Ready pods per revision label, from the pod store."""
     found: dict[str, int] = {}
     for pod in pods:
-        revision = ((pod.get("metadata") or {}).get("labels") or {}).get(REVISION)
-        if revision and pod_is_ready(pod):
+        revision = live_revision_of(pod)
+        if revision and pod_conditions(pod).get("Ready") == "True":
             found[revision] = found.get(revision, 0) + 1
     return found
 
