@@ -8,6 +8,7 @@ from typing import Any
 from specdeploy.adapters import watch_cache as wc
 from specdeploy.api import labels
 from specdeploy.handlers.run import Queues, route_event
+from specdeploy.plan.rollout.canary import canary_ready
 from specdeploy.plan.rollout.revisions import (
     read_revision_deployment,
     ready_pods_by_revision,
@@ -109,3 +110,55 @@ def test_an_sd_is_ready_once_its_pod_is_before_its_deployment_counts_it() -> Non
     reconciler.reconcile("ns", "chat")
     assert condition(kube, "Ready")["status"] == "True"
     assert kube.objects[("SpeculativeDeployment", "ns", "chat")]["status"]["readyReplicas"] == 1
+
+
+def unobserved(revision: str, *, ready: int = 0, replicas: int = 1) -> dict[str, Any]:
+    """A revision Deployment whose latest spec the controller has not seen (generation 2,
+    status of generation 1), or, with no status at all, the API's answer to its creation."""
+    found = deployment(revision, ready=ready, replicas=replicas)
+    found["metadata"]["generation"] = 2
+    return found
+
+
+def test_ready_pods_count_before_the_controller_has_seen_the_spec() -> None:
+    created = deployment("a")
+    created["status"] = {}
+    found = read_revision_deployment(created, ready_pods_by_revision([pod("a")]))
+    assert found is not None
+    assert not found.observed
+    assert found.fully_ready
+    two = read_revision_deployment(unobserved("a", replicas=2), ready_pods_by_revision([pod("a")]))
+    assert two is not None
+    assert not two.fully_ready
+
+
+def test_a_status_of_an_older_spec_counts_no_ready_replicas() -> None:
+    # Its 3 ready replicas may be from before a scale-down and up again: no pods, no claim.
+    found = read_revision_deployment(unobserved("a", ready=3, replicas=2), {})
+    assert found is not None
+    assert not found.fully_ready
+    # Nor does a scale to zero count as done before the controller has seen it.
+    zero = read_revision_deployment(unobserved("a", replicas=0), ready_pods_by_revision([]))
+    assert zero is not None
+    assert not zero.fully_ready
+
+
+def test_a_canary_is_ready_once_its_pods_are_before_the_controller_has_seen_it() -> None:
+    found = read_revision_deployment(unobserved("b"), ready_pods_by_revision([pod("b")]))
+    assert found is not None
+    assert canary_ready("b", [found], 1)
+    alone = read_revision_deployment(unobserved("b", ready=1), {})
+    assert alone is not None
+    assert not canary_ready("b", [alone], 1)
+
+
+def test_an_sd_is_ready_once_its_pod_is_before_its_deployment_is_observed() -> None:
+    # The store holds the API's answer to our create (no status) until the controller writes
+    # one; the pod's turn to Ready is enough.
+    kube, reconciler, _ = setup(sd_body())
+    reconciler.reconcile("ns", "chat")
+    [name] = kube.deployments()
+    kube.objects[("Deployment", "ns", name)]["status"] = {}
+    kube.pods.append(pod(name.removeprefix("chat-")))
+    reconciler.reconcile("ns", "chat")
+    assert condition(kube, "Ready")["status"] == "True"

@@ -94,9 +94,8 @@ def canary_ready(
     desired = next((r for r in revisions if r.revision == desired_revision), None)
     return (
         desired is not None
-        and desired.observed
         and desired.replicas >= canary_replicas
-        and desired.ready_replicas >= canary_replicas
+        and desired.has_ready(canary_replicas)
     )
 
 

@@ -39,10 +39,19 @@ class RevisionDeployment:
     kind: str = "Deployment"
     #: Its pods carry the probe's readiness gate (spec.rollout.analysis.probe).
     probe_gate: bool = False
+    #: Its Ready pods, not being deleted, in the pod store (a Deployment's; a LeaderWorkerSet
+    #: counts groups, from its status alone).
+    ready_pods: int = 0
+
+    def has_ready(self, wanted: int) -> bool:
+        """Whether at least `wanted` of its replicas are ready: its own Ready pods show it, which
+        needs no word from the controller, or its status says so once the controller has seen
+        its latest spec (a status of an older spec may count pods a scale-down since removed)."""
+        return 0 < wanted <= self.ready_pods or (self.observed and self.ready_replicas >= wanted)
 
     @property
     def fully_ready(self) -> bool:
-        return self.observed and self.ready_replicas >= self.replicas
+        return self.has_ready(self.replicas)
 
 
 def _pod_template(child: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -94,9 +103,9 @@ def read_revision_deployment(
 
     A Deployment's ready replicas are the larger of its status's `readyReplicas` and its
     revision's ready pods in `ready_pods` (ready_pods_by_revision): a pod is seen Ready before
-    the Deployment controller counts it, so a revision is ready as soon as its pods are, and
-    never less ready than its Deployment says. A LeaderWorkerSet counts groups: its status
-    alone."""
+    the Deployment controller counts it, or has even seen the Deployment's spec, so a revision
+    is ready as soon as its pods are (RevisionDeployment.has_ready), and never less ready than
+    its Deployment says. A LeaderWorkerSet counts groups: its status alone."""
     metadata = deployment.get("metadata") or {}
     labels = metadata.get("labels") or {}
     revision = labels.get(REVISION)
@@ -116,9 +125,8 @@ def read_revision_deployment(
                 except ValueError:
                     pair = {}
     kind = "LeaderWorkerSet" if "leaderWorkerTemplate" in spec else "Deployment"
-    ready = int(status.get("readyReplicas") or 0)
-    if kind == "Deployment" and ready_pods:
-        ready = max(ready, ready_pods.get(str(revision), 0))
+    pods_ready = (ready_pods or {}).get(str(revision), 0) if kind == "Deployment" else 0
+    ready = max(int(status.get("readyReplicas") or 0), pods_ready)
     return RevisionDeployment(
         name=str(metadata.get("name", "")),
         revision=str(revision),
@@ -131,6 +139,7 @@ def read_revision_deployment(
         observed=int(status.get("observedGeneration") or 0) >= int(metadata.get("generation") or 0),
         kind=kind,
         probe_gate=PROBE_GATE in gates,
+        ready_pods=pods_ready,
     )
 
 
