@@ -113,8 +113,8 @@ def test_an_sd_is_ready_once_its_pod_is_before_its_deployment_counts_it() -> Non
 
 
 def unobserved(revision: str, *, ready: int = 0, replicas: int = 1) -> dict[str, Any]:
-    """A revision Deployment whose latest spec the controller has not seen (generation 2,
-    status of generation 1), or, with no status at all, the API's answer to its creation."""
+    """A revision Deployment whose latest spec the controller has not seen: generation 2,
+    its status of generation 1."""
     found = deployment(revision, ready=ready, replicas=replicas)
     found["metadata"]["generation"] = 2
     return found
