@@ -29,7 +29,7 @@ import functools
 import logging
 import queue
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -378,9 +378,16 @@ async def run_operator(  # noqa: PLR0917
     ]
     # Kueue's webhooks can go (or come back) while the operator runs: looked at again now and then.
     tasks.append(asyncio.create_task(call_every(reconciler.check_kueue, KUEUE_RECHECK_SECONDS)))
-    # No `stop_flag` for kopf: on SIGINT/SIGTERM kopf waits 5 s for every task still pending
-    # (a waiter on a flag that is never set among them) before it exits. A lost Lease cancels
-    # kopf instead, so a clean stop ends at once and hands the Lease over without that wait.
+
+    # On SIGINT/SIGTERM kopf stops its own tasks, runs its cleanup activity, then waits 5 s for
+    # every task made after it started (the reconcile workers, the periodic round, the
+    # relists) before it cancels them and exits: the cleanup stops them first, so a clean stop
+    # ends at once. A lost Lease cancels kopf instead, which runs no cleanup and waits for
+    # nothing.
+    @kopf.on.cleanup(registry=registry)
+    async def stop_reconciling(**_: Any) -> None:
+        stop_tasks(queues, tasks)
+
     operator = asyncio.create_task(
         kopf.operator(
             registry=registry,
@@ -399,14 +406,24 @@ async def run_operator(  # noqa: PLR0917
         if not lost.is_set():
             raise
     finally:
-        queues.reconciles.shutdown()
-        queues.relists.shutdown()
-        for task in tasks:
-            task.cancel()
-        executor.shutdown(wait=False, cancel_futures=True)
-        if elector is not None and not lost.is_set():
-            await asyncio.to_thread(elector.release)
+        stop_tasks(queues, tasks)
+        if lost.is_set():
+            executor.shutdown(wait=False, cancel_futures=True)
+        else:
+            # The Lease is handed over once no reconcile of ours can still write.
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+            if elector is not None:
+                await asyncio.to_thread(elector.release)
     return 1 if lost.is_set() else 0
+
+
+def stop_tasks(queues: Queues, tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Ends the work queues and cancels `tasks` (a reconcile under way in a worker thread runs
+    to its end: run_operator waits for it before it hands the Lease over)."""
+    queues.reconciles.shutdown()
+    queues.relists.shutdown()
+    for task in tasks:
+        task.cancel()
 
 
 async def reconcile_once_filled(
