@@ -471,6 +471,45 @@ def test_each_container_runs_on_a_cpu_of_its_own_and_frees_it_when_it_ends(
     assert _allowed_cpus(started("third")) == str(machine[0])
 
 
+def test_a_pod_being_deleted_gives_its_cpu_back_while_its_process_still_drains(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    # A canary's pod started while the last stable's pod drains: it gets the draining pod's CPU,
+    # not the serving engine's.
+    instance, api, _ = kubelet
+    machine = sorted(os.sched_getaffinity(0))
+    if len(machine) < 2:
+        pytest.skip("one CPU: nothing is pinned")
+    sleeper = {
+        "name": "engine",
+        "image": IMAGE,
+        "command": [sys.executable, "-c", "import time; time.sleep(120)"],
+    }
+    draining = {**sleeper, "lifecycle": {"preStop": {"sleep": {"seconds": 8}}}}
+
+    def started(name: str) -> int:
+        status = wait_for(lambda: (s := api.status_of(name)).get("phase") == "Running" and s)
+        return int(status["containerStatuses"][0]["containerID"].removeprefix("process://"))
+
+    instance.observe("ADDED", api.add(local_pod("serving", dict(sleeper))))
+    serving = started("serving")
+    instance.observe("ADDED", api.add(local_pod("old", draining)))
+    old = started("old")
+    assert (_allowed_cpus(serving), _allowed_cpus(old)) == (str(machine[0]), str(machine[1]))
+
+    deleting = api.read_pod("team-a", "old")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    deleting["metadata"]["deletionGracePeriodSeconds"] = 30
+    instance.observe("MODIFIED", deleting)
+    wait_for(lambda: instance.cpus.taken()[machine[1]] == 0)
+    instance.observe("ADDED", api.add(local_pod("new", dict(sleeper))))
+    new = started("new")
+    assert read_identity(old) is not None, "the old pod's process still runs (its preStop)"
+    assert _allowed_cpus(new) == str(machine[1])
+    wait_for(lambda: "old" in api.deleted)
+    assert instance.cpus.taken() == {machine[0]: 1, machine[1]: 1, **{c: 0 for c in machine[2:]}}
+
+
 def _waiting_reason(api: FakePodApi, name: str) -> str | None:
     statuses = api.status_of(name).get("containerStatuses") or []
     return statuses[0]["state"].get("waiting", {}).get("reason") if statuses else None

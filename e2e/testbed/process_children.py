@@ -7,7 +7,8 @@ kernel kills it when the process kubelet dies, however it dies. Each child is al
 `<run dir>/pids/<pid>.json` with its start time and command line; a later instance kills
 children a crashed instance left behind, and nothing else.
 
-Each child is pinned to one CPU of its own while there are CPUs to go round (`CpuAllocator`),
+Each child is pinned to one CPU of its own while there are CPUs to go round (`CpuAllocator`;
+a pod being deleted gives its CPUs back at once, `PodWorker._give_back_cpus`),
 as kubelet's static CPU manager policy gives a pod exclusive CPUs: vLLM's CPU worker
 busy-polls for a second after every step, so two engines sharing every core take turns
 starving each other (on 2 cores, 5x slower steps, docs/testbed.md).

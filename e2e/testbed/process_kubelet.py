@@ -1187,6 +1187,16 @@ class PodWorker(threading.Thread):
         ):
             self._record_exit(run, exit_code, may_restart=False)
 
+    def _give_back_cpus(self) -> None:
+        """A pod being deleted gives its CPUs back at once, while its processes still drain: it
+        serves nothing more, and the next engine started meanwhile (a new revision's, beside the
+        one serving) gets a CPU of its own, not the serving engine's because the draining one
+        still held the other until it ended (a pin is for a process's life)."""
+        for run in self._runs:
+            if run.child is not None and run.child.cpu is not None:
+                self.cpus.give_back(run.child.cpu)
+                run.child.cpu = None
+
     def _finish_deletion(self) -> None:
         """The pod has a deletionTimestamp: run the preStop hooks of its running containers,
         stop its processes with what is left of the grace period, then delete it for good.
@@ -1196,6 +1206,7 @@ class PodWorker(threading.Thread):
         pod = self.pod
         grace = stop_grace_seconds(pod)
         began = time.monotonic()
+        self._give_back_cpus()
         self._run_pre_stop_hooks(grace)
         self._stop_all(grace=grace_after_pre_stop(grace, time.monotonic() - began))
         self.targets.remove(pod)
