@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from engine_cluster import (
     OperatorProcess,
@@ -32,7 +34,7 @@ from engine_cluster import (
 from engine_harness import engine_python, tiny_models
 from load import CompletionLoad
 from test_canary_engine import ANALYSIS, ENGINE_READY_S
-from testbed import ClusterEnv, Kubectl, KubectlError, create_namespace_with_queues, eventually
+from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
@@ -92,9 +94,11 @@ def wait_serving(
         ready = condition(sd, "Ready").get("status") == "True"
         return stable if ready and stable and stable != other_than else None
 
-    # A crowded machine can time out a kubectl call to the API server: that is "not yet".
+    # A crowded machine can time out a read of the API server: that is "not yet".
     try:
-        found: str = eventually(serving, timeout, f"SD {SD} Ready", retry_on=(KubectlError,))
+        found: str = eventually(
+            serving, timeout, f"SD {SD} Ready", retry_on=(ApiException, HTTPError)
+        )
     except TimeoutError:
         status = status_of(kubectl, namespace)
         why = {key: status.get(key) for key in ("analysis", "autotune", "revisions", "conditions")}

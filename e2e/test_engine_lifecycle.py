@@ -31,6 +31,7 @@ from engine_cluster import (
     complete,
     condition,
     engine_url,
+    get_pod,
     get_sd,
     operator_config,
     operator_in_namespace,
@@ -167,10 +168,10 @@ def deletion_seen(kubectl: Kubectl, namespace: str, name: str) -> float | None:
     """When the pod got its deletionTimestamp, as seen by polling (None: gone unseen)."""
     deadline = time.monotonic() + ENGINE_READY_S
     while time.monotonic() < deadline:
-        found = kubectl.run("get", "pod", name, "-n", namespace, "-o", "json", check=False)
-        if found.returncode != 0:
+        found = get_pod(kubectl, namespace, name)
+        if found is None:
             return None
-        if json.loads(found.stdout)["metadata"].get("deletionTimestamp"):
+        if found["metadata"].get("deletionTimestamp"):
             return time.time()
         time.sleep(0.2)
     raise AssertionError(f"pod {name} was not deleted within {ENGINE_READY_S}s")
