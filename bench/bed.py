@@ -26,6 +26,7 @@ from chart_harness import service_account_kubeconfig
 from engine_cluster import OperatorProcess, apply_crds
 from specdeploy.api import labels
 from testbed import ClusterEnv, Kubectl, audit_log, create_namespace_with_queues, up
+from testbed.conditions import is_ready
 from testbed.ports import free_port
 
 GROUP, VERSION, PLURAL = "specdeploy.dev", "v1alpha1", "speculativedeployments"
@@ -249,11 +250,6 @@ def time_until(
     raise TimeoutError(f"nothing satisfied the predicate within {timeout:.0f}s")
 
 
-def sd_ready(obj: Mapping[str, Any]) -> bool:
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def deployment_ready(obj: Mapping[str, Any]) -> bool:
     """A Deployment's JSON: its controller has seen its spec and counts every replica updated
     and ready (as `kubectl rollout status` waits for)."""
@@ -272,7 +268,7 @@ def time_sd_ready(bed: Bed, body: Mapping[str, Any], timeout: float) -> float:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     return time_until(
         bed.custom.list_namespaced_custom_object,
-        lambda obj: obj["metadata"]["name"] == name and sd_ready(obj),
+        lambda obj: obj["metadata"]["name"] == name and is_ready(obj),
         lambda: bed.custom.create_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, dict(body)
         ),

@@ -39,7 +39,6 @@ from bench.bed import (
     reconciled_names,
     rss_mib,
     scrape,
-    sd_ready,
     time_deployment_ready,
     time_sd_ready,
 )
@@ -49,6 +48,7 @@ from engine_cluster import OperatorProcess
 from sd_bodies import llama_8b
 from specdeploy.api import labels
 from testbed import eventually
+from testbed.conditions import is_ready
 
 DEFAULT_INTERVAL_S = 30.0  # the operator's default reconcile timer
 
@@ -185,7 +185,7 @@ def scale_point(
         ready = 0
         poll = 2.0 if count <= 100 else 5.0
         while time.monotonic() - began < ready_timeout:
-            ready = sum(1 for sd in bed.list_sds(namespace) if sd_ready(sd))
+            ready = sum(1 for sd in bed.list_sds(namespace) if is_ready(sd))
             curve.append((round(time.monotonic() - began, 1), ready))
             if ready == count:
                 break

@@ -41,7 +41,6 @@ from bench.bed import (
     log,
     poll_until,
     raw_copy,
-    sd_ready,
     time_deployment_ready,
     time_sd_ready,
 )
@@ -60,6 +59,7 @@ from specdeploy.api import labels
 # The canary settings of the e2e suite: interval 10 s, failureLimit 2, scrape 2 s.
 from test_canary_engine import FAILURE_LIMIT, INTERVAL_S, SCRAPE_S, canary_sd
 from testbed import eventually
+from testbed.conditions import is_ready
 from testbed.ports import free_port
 
 TIMER_S = 2.0  # the operator's timer in P3 (as in the canary e2e suite)
@@ -421,7 +421,7 @@ class Reaction:
         def found() -> str | None:
             sd = self.bed.get_sd(self.namespace, "canary")
             stable = (sd.get("status") or {}).get("stableRevision")
-            ok = sd_ready(sd) and stable and stable != other_than
+            ok = is_ready(sd) and stable and stable != other_than
             return str(stable) if ok else None
 
         revision: str = eventually(found, timeout, "the SD Ready")

@@ -17,6 +17,8 @@ from typing import Any
 
 from kubernetes import watch
 
+from testbed.conditions import is_ready
+
 
 @dataclass(frozen=True)
 class PodEvent:
@@ -31,8 +33,7 @@ class PodEvent:
 
 def pod_event(at: float, kind: str, pod: Mapping[str, Any], revision_label: str) -> PodEvent:
     metadata = pod.get("metadata") or {}
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    ready = is_ready(pod)
     return PodEvent(
         at=at,
         pod=str(metadata.get("name")),

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from testbed import ClusterEnv, Kubectl
+from testbed.conditions import is_ready
 from testbed.ports import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
@@ -238,7 +239,7 @@ class ChartOperator:
     def ready_pods(self, count: int) -> list[str] | None:
         """The names of exactly `count` operator pods, all Ready; None otherwise."""
         pods = self.pods()
-        ready = sorted(p["metadata"]["name"] for p in pods if pod_is_ready(p))
+        ready = sorted(p["metadata"]["name"] for p in pods if is_ready(p))
         return ready if len(ready) == count == len(pods) else None
 
     def holder(self) -> str | None:
@@ -279,8 +280,3 @@ class ChartOperator:
             f"--- {path.parent.name}/{path.name}\n{path.read_text(errors='replace')[-chars:]}"
             for path in self.log_paths()
         )
-
-
-def pod_is_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)

@@ -34,6 +34,7 @@ from engine_harness import ACCEPTED_TOKENS, DRAFT_TOKENS, FAST_ENGINE_ARGS, OPER
 from specdeploy import GROUP, VERSION
 from specdeploy.api.models import PLURAL
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+from testbed.conditions import is_ready
 from testbed.process_kubelet import read_local_ports
 
 REPO = Path(__file__).resolve().parent.parent
@@ -340,14 +341,6 @@ def sd_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
     return found
 
 
-def condition(sd: Mapping[str, Any], type_: str) -> dict[str, Any]:
-    """The condition of this type in the SD's status ({} when absent)."""
-    for found in (sd.get("status") or {}).get("conditions") or []:
-        if found.get("type") == type_:
-            return dict(found)
-    return {}
-
-
 def revision_pods(
     kubectl: Kubectl, namespace: str, name: str, revision: str | None = None
 ) -> list[dict[str, Any]]:
@@ -381,8 +374,7 @@ def get_pod(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | Non
 
 def ready_pod(kubectl: Kubectl, namespace: str, name: str, revision: str) -> dict[str, Any] | None:
     for pod in revision_pods(kubectl, namespace, name, revision):
-        conditions = (pod.get("status") or {}).get("conditions") or []
-        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+        if is_ready(pod):
             return pod
     return None
 

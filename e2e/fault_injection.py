@@ -27,6 +27,7 @@ from typing import Any, Self
 from background import Background
 from engine_cluster import REVISION_LABEL, OperatorProcess, revision_pods
 from testbed import Kubectl, eventually
+from testbed.conditions import is_serving
 
 #: The test each seed was drawn for (fault_seed), to name a run's kills in the results.
 NAMES: dict[int, str] = {}
@@ -53,12 +54,6 @@ def kills_per_rollout() -> int:
 def kill_spread() -> float:
     """The most seconds between a restart and the next kill (SPECDEPLOY_FAULT_SPREAD)."""
     return max(2.0, float(os.environ.get("SPECDEPLOY_FAULT_SPREAD", "15")))
-
-
-def is_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    return ready and not pod["metadata"].get("deletionTimestamp")
 
 
 #: A sample taken while the API server did not answer: which revisions served is unknown.
@@ -106,7 +101,7 @@ class ServingSampler(Background):
                 self.samples.append((at, UNKNOWN))
             else:
                 serving = sorted(
-                    {p["metadata"]["labels"][REVISION_LABEL] for p in pods if is_ready(p)}
+                    {p["metadata"]["labels"][REVISION_LABEL] for p in pods if is_serving(p)}
                 )
                 self.samples.append((at, tuple(serving)))
             stop.wait(self.period)

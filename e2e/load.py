@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from background import Background
 from engine_cluster import complete, engine_url, revision_pods
 from testbed import ClusterEnv, Kubectl
+from testbed.conditions import is_serving
 
 #: Prompts the tiny drafts made for the tiny target predict well (they share its training text).
 PREDICTABLE = (
@@ -52,9 +53,7 @@ class CompletionLoad(Background):
         """(revision, url) of each ready pod."""
         found = []
         for pod in revision_pods(self.kubectl, self.namespace, self.name):
-            conditions = (pod.get("status") or {}).get("conditions") or []
-            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-            if ready and not pod["metadata"].get("deletionTimestamp"):
+            if is_serving(pod):
                 revision = pod["metadata"]["labels"].get(LABEL_REVISION, "")
                 found.append((revision, engine_url(self.cluster, pod)))
         return found
@@ -110,9 +109,7 @@ class PerPodLoad(Background):
         """pod name → (revision, url) of each ready pod not being deleted."""
         found: dict[str, tuple[str, str]] = {}
         for pod in revision_pods(self.kubectl, self.namespace, self.name):
-            conditions = (pod.get("status") or {}).get("conditions") or []
-            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-            if ready and not pod["metadata"].get("deletionTimestamp"):
+            if is_serving(pod):
                 revision = pod["metadata"]["labels"].get(LABEL_REVISION, "")
                 found[pod["metadata"]["name"]] = (revision, engine_url(self.cluster, pod))
         return found

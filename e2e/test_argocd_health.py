@@ -32,7 +32,6 @@ import yaml
 from argocd_health import health_of
 from engine_cluster import (
     OperatorProcess,
-    condition,
     get_sd,
     kwok_operator_config,
     operator_config,
@@ -43,6 +42,7 @@ from engine_cluster import (
 from engine_harness import engine_python, tiny_models
 from sd_bodies import llama_8b
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.conditions import condition
 
 pytestmark = pytest.mark.e2e
 

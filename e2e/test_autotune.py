@@ -23,7 +23,6 @@ from urllib3.exceptions import HTTPError
 from engine_cluster import (
     OperatorProcess,
     apply_crds,
-    condition,
     events_of,
     get_sd,
     operator_config,
@@ -35,6 +34,7 @@ from engine_harness import engine_python, tiny_models
 from load import CompletionLoad
 from test_canary_engine import ANALYSIS, ENGINE_READY_S
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+from testbed.conditions import is_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
@@ -91,7 +91,7 @@ def wait_serving(
     def serving() -> str | None:
         sd = get_sd(kubectl, namespace, SD)
         stable = (sd.get("status") or {}).get("stableRevision")
-        ready = condition(sd, "Ready").get("status") == "True"
+        ready = is_ready(sd)
         return stable if ready and stable and stable != other_than else None
 
     # A crowded machine can time out a read of the API server: that is "not yet".

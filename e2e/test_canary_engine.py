@@ -25,7 +25,6 @@ import pytest
 from engine_cluster import (
     OperatorProcess,
     apply_crds,
-    condition,
     events_of,
     get_sd,
     operator_config,
@@ -44,6 +43,7 @@ from fault_injection import (
 from load import CompletionLoad
 from test_kubectl_plugin import Plugin
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+from testbed.conditions import condition, is_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
@@ -156,7 +156,7 @@ class Bed:
         def serving() -> str | None:
             sd = self.sd()
             stable = (sd.get("status") or {}).get("stableRevision")
-            ready = condition(sd, "Ready").get("status") == "True"
+            ready = is_ready(sd)
             return stable if ready and stable and stable != other_than else None
 
         found: str = eventually(serving, ENGINE_READY_S, f"SD {SD} Ready")

@@ -33,7 +33,7 @@ from chart_harness import (
     service_account_operator,
     set_values,
 )
-from engine_cluster import OperatorProcess, apply_crds, condition, get_sd
+from engine_cluster import OperatorProcess, apply_crds, get_sd
 from sd_bodies import hub_sd, llama_8b, llama_405b_across_nodes
 from testbed import (
     RESTRICTED_CONTAINER_SECURITY,
@@ -45,6 +45,7 @@ from testbed import (
     create_namespace_with_queues,
     eventually,
 )
+from testbed.conditions import condition, is_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -255,7 +256,7 @@ def wait_serving(kubectl: Kubectl, namespace: str, name: str, operator: Operator
     def serving() -> str | None:
         sd = get_sd(kubectl, namespace, name)
         status = sd.get("status") or {}
-        ready = condition(sd, "Ready").get("status") == "True"
+        ready = is_ready(sd)
         return status.get("stableRevision") if ready and status.get("phase") == "Serving" else None
 
     try:

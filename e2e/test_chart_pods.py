@@ -36,7 +36,6 @@ from chart_harness import (
 )
 from engine_cluster import (
     apply_crds,
-    condition,
     get_sd,
     kwok_operator_config,
     operator_config,
@@ -47,6 +46,7 @@ from engine_harness import engine_python, engine_python_path, tiny_models
 from load import CompletionLoad
 from sd_bodies import llama_8b
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+from testbed.conditions import condition
 from testbed.prometheus_operator import served_monitor_crd
 
 pytestmark = pytest.mark.e2e

@@ -21,6 +21,7 @@ import yaml
 from engine_cluster import OperatorProcess
 from sd_bodies import llama_8b
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.conditions import condition
 from testbed.ports import free_ports
 
 #: How long kopf waits on a signal for tasks made after it started (kopf._core.reactor.running).
@@ -70,8 +71,7 @@ def sd_of(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
 
 
 def admitted(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
-    conditions = (sd_of(kubectl, namespace, name).get("status") or {}).get("conditions") or []
-    return next((dict(c) for c in conditions if c["type"] == "Admitted"), {})
+    return condition(sd_of(kubectl, namespace, name), "Admitted")
 
 
 def wait_admitted_reason(

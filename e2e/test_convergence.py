@@ -44,6 +44,7 @@ from engine_cluster import WRITE_LINE, OperatorProcess
 from fake_kube import FakeKube, kwok_gpu_nodes
 from specdeploy.adapters.kube import KubeAdapter
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.conditions import is_ready
 from testbed.faults import compact_etcd, restart
 
 pytestmark = pytest.mark.e2e
@@ -171,9 +172,7 @@ def sd_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
 def ready_on(kubectl: Kubectl, namespace: str, name: str, resource: str) -> str | None:
     """The serving revision once Ready with its pods on `resource`, else None."""
     status = sd_status(kubectl, namespace, name)
-    ready = any(
-        c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or []
-    )
+    ready = is_ready({"status": status})
     sizing = status.get("sizing") or {}
     settled = deployments_settled(kubectl, namespace, name)
     if ready and settled and sizing.get("resourceName") == resource:

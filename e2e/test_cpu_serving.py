@@ -20,7 +20,6 @@ from engine_cluster import (
     ENGINE_ENV,
     OperatorProcess,
     complete,
-    condition,
     engine_url,
     get_sd,
     operator_config,
@@ -30,6 +29,7 @@ from engine_cluster import (
 )
 from engine_harness import engine_python, tiny_models
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.conditions import is_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
@@ -79,7 +79,7 @@ def test_a_cpu_sd_runs_the_real_engine_without_any_gpu_resource(
 
     def ready() -> dict[str, Any] | None:
         sd = get_sd(kubectl, namespace, "cpu")
-        return sd if condition(sd, "Ready").get("status") == "True" else None
+        return sd if is_ready(sd) else None
 
     sd = eventually(ready, ENGINE_READY_S, "the CPU SD Ready")
     sizing = sd["status"]["sizing"]

@@ -23,7 +23,6 @@ import pytest
 
 from engine_cluster import (
     complete,
-    condition,
     engine_url,
     events_of,
     get_sd,
@@ -37,6 +36,7 @@ from engine_cluster import (
 )
 from engine_harness import DRAFT_TOKENS, engine_python, http_json, tiny_models
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.conditions import condition, is_ready
 from testbed.prometheus_operator import (
     POD_MONITOR_CRD_NAME,
     VERSION_ANNOTATION,
@@ -80,7 +80,7 @@ class Bed:
 
         def ready() -> dict[str, Any] | None:
             sd = self.sd(name)
-            return sd if condition(sd, "Ready").get("status") == "True" else None
+            return sd if is_ready(sd) else None
 
         sd = eventually(ready, ENGINE_READY_S, f"SD {name} Ready")
         revision = sd["status"]["stableRevision"]

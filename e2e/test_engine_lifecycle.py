@@ -29,7 +29,6 @@ import pytest
 
 from engine_cluster import (
     complete,
-    condition,
     engine_url,
     get_pod,
     get_sd,
@@ -41,6 +40,7 @@ from engine_cluster import (
 )
 from engine_harness import engine_python, tiny_models
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.conditions import condition, is_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
@@ -72,7 +72,7 @@ class Bed:
         def ready() -> dict[str, Any] | None:
             sd = get_sd(self.kubectl, self.namespace, name)
             serving = (sd.get("status") or {}).get("stableRevision")
-            ok = condition(sd, "Ready").get("status") == "True" and serving != revision_not
+            ok = is_ready(sd) and serving != revision_not
             return sd if ok else None
 
         sd = eventually(ready, ENGINE_READY_S, f"SD {name} Ready")

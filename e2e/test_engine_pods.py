@@ -22,13 +22,13 @@ import pytest
 
 from engine_cluster import (
     OperatorProcess,
-    condition,
     get_sd,
     kwok_operator_config,
     operator_running,
 )
 from sd_bodies import llama_8b
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.conditions import condition, is_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -145,7 +145,7 @@ class DeploymentSampler:
 
 def serving_revision(kubectl: Kubectl, namespace: str, name: str) -> str | None:
     sd = get_sd(kubectl, namespace, name)
-    ready = condition(sd, "Ready").get("status") == "True"
+    ready = is_ready(sd)
     stable: str | None = (sd.get("status") or {}).get("stableRevision")
     return stable if ready else None
 

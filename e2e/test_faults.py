@@ -29,11 +29,12 @@ import pytest
 
 from engine_cluster import OperatorProcess, operator_config, operator_running, tiny_sd
 from engine_harness import engine_python, tiny_models
-from fault_injection import ServingSampler, is_ready
+from fault_injection import ServingSampler
 from sd_bodies import H100, llama_8b
 from specdeploy.api.times import parse_time
-from test_operator import condition, items, sd_of, wait_ready
+from test_operator import items, sd_of, wait_ready
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.conditions import condition, is_ready, is_serving
 from testbed.faults import paused, restart, stopped
 
 pytestmark = pytest.mark.e2e
@@ -48,7 +49,7 @@ def serving(kubectl: Kubectl, namespace: str, other_than: str | None = None) -> 
     """The stable revision once the SD is Ready on it (and it is not `other_than`)."""
     sd = sd_of(kubectl, namespace, NAME)
     stable = (sd.get("status") or {}).get("stableRevision")
-    ready = condition(sd, "Ready").get("status") == "True"
+    ready = is_ready(sd)
     return stable if ready and stable and stable != other_than else None
 
 
@@ -231,7 +232,7 @@ def test_a_deleted_node_under_a_serving_revision_has_its_pods_replaced_without_a
                 for p in items(kubectl, "pods", namespace, NAME)
                 if p["metadata"]["name"] != pod["metadata"]["name"]
             ]
-            ready = [p for p in pods if p["spec"].get("nodeName") and is_ready(p)]
+            ready = [p for p in pods if p["spec"].get("nodeName") and is_serving(p)]
             return ready[0] if ready and serving(kubectl, namespace) else None
 
         # The pod garbage collector deletes pods bound to a node that is gone; the revision's

@@ -25,7 +25,6 @@ from prometheus_api_client import PrometheusConnect
 from engine_cluster import (
     OperatorProcess,
     complete,
-    condition,
     engine_url,
     get_sd,
     operator_config,
@@ -44,6 +43,7 @@ from engine_harness import (
 )
 from specdeploy.api.times import parse_time
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.conditions import condition, is_ready
 from testbed.faults import paused
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.usefixtures("sd_crd")]
@@ -162,11 +162,8 @@ def live_analysis(status: dict[str, Any], canary: str) -> dict[str, Any] | None:
 
 def ready_since(kubectl: Kubectl, namespace: str, pod: str) -> str | None:
     """The pod's Ready condition's lastTransitionTime, once it is Ready."""
-    found = kubectl.get_json("pod", pod, "-n", namespace)
-    for entry in (found.get("status") or {}).get("conditions") or []:
-        if entry.get("type") == "Ready" and entry.get("status") == "True":
-            return str(entry["lastTransitionTime"])
-    return None
+    ready = condition(kubectl.get_json("pod", pod, "-n", namespace), "Ready")
+    return str(ready["lastTransitionTime"]) if ready.get("status") == "True" else None
 
 
 def seconds(stamp: str) -> float:
@@ -197,7 +194,7 @@ def test_requests_served_before_the_first_scrape_count_in_status_and_in_the_anal
     stable = pod["metadata"]["labels"]["specdeploy.dev/revision"]
     with paused(cluster, "prometheus"):
         eventually(
-            lambda: condition(get_sd(kubectl, namespace, SD), "Ready").get("status") == "True",
+            lambda: is_ready(get_sd(kubectl, namespace, SD)),
             ENGINE_READY_S,
             "the first revision Ready",
         )

@@ -26,6 +26,7 @@ import pytest
 from engine_cluster import OperatorProcess
 from sd_bodies import hub_sd, llama_8b
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.conditions import condition
 
 pytestmark = pytest.mark.e2e
 
@@ -43,11 +44,6 @@ def operator_config(cluster: ClusterEnv, **extra: Any) -> dict[str, Any]:
         "prometheusUrl": cluster.prometheus_url or "http://127.0.0.1:9090",
         **extra,
     }
-
-
-def condition(sd: dict[str, Any], type_: str) -> dict[str, Any]:
-    found = (sd.get("status") or {}).get("conditions") or []
-    return next((dict(c) for c in found if c["type"] == type_), {})
 
 
 # --- a child write refused by the API server ---------------------------------------------------

@@ -36,7 +36,6 @@ import pytest
 from engine_cluster import (
     OperatorProcess,
     apply_crds,
-    condition,
     get_sd,
     operator_config,
     prometheus_value,
@@ -51,6 +50,7 @@ from query_faults import QueryFaultProxy, query_fault_proxy
 from specdeploy.engine.tiny_models import PROBE_PROMPTS
 from test_kubectl_plugin import Plugin
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
+from testbed.conditions import is_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
@@ -153,7 +153,7 @@ class Bed:
         def found() -> str | None:
             status = self.status()
             stable = status.get("stableRevision")
-            ready = condition({"status": status}, "Ready").get("status") == "True"
+            ready = is_ready({"status": status})
             return stable if ready and stable and stable != other_than else None
 
         revision: str = eventually(found, ENGINE_READY_S, f"SD {SD} serving")

@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 
-from engine_cluster import OperatorProcess, condition, kwok_operator_config, operator_running
+from engine_cluster import OperatorProcess, kwok_operator_config, operator_running
 from sd_bodies import llama_8b
 from testbed import ClusterEnv, Kubectl, eventually
+from testbed.conditions import condition, is_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -96,7 +97,7 @@ def serving(kubectl: Kubectl, namespace: str, other_than: str | None = None) -> 
     def found() -> str | None:
         sd = kubectl.get_json("sd", SD, "-n", namespace)
         stable = (sd.get("status") or {}).get("stableRevision")
-        ready = condition(sd, "Ready").get("status") == "True"
+        ready = is_ready(sd)
         return stable if ready and stable and stable != other_than else None
 
     revision: str = eventually(found, 90, "the SD serving")

@@ -26,7 +26,6 @@ from specdeploy.plan.children.vllm_args import build_vllm_args
 from specdeploy.plan.placement.gpu_catalog import read_gpu_inventories
 from specdeploy.plan.placement.sizing import size_pair
 from test_operator import (
-    condition,
     example_prerequisites,
     example_sd,
     items,
@@ -34,6 +33,7 @@ from test_operator import (
     wait_ready,
 )
 from testbed import Kubectl, eventually
+from testbed.conditions import condition
 
 pytestmark = pytest.mark.e2e
 

@@ -21,6 +21,7 @@ import yaml
 from engine_cluster import OperatorProcess
 from sd_bodies import H100, llama_8b
 from testbed import Kubectl, eventually
+from testbed.conditions import condition, is_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -68,13 +69,6 @@ def llama_405b(name: str, namespace: str) -> dict[str, Any]:
 def sd_of(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
     found: dict[str, Any] = kubectl.get_json("sd", name, "-n", namespace)
     return found
-
-
-def condition(sd: dict[str, Any], type_: str) -> dict[str, Any]:
-    for item in (sd.get("status") or {}).get("conditions") or []:
-        if item["type"] == type_:
-            return dict(item)
-    return {}
 
 
 def items(kubectl: Kubectl, kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -416,7 +410,7 @@ def test_changing_the_draft_rolls_a_new_revision_forward_only_once_ready(
         def rolled() -> str | None:
             sd = sd_of(kubectl, namespace, "chat")
             stable = sd["status"].get("stableRevision")
-            ready = condition(sd, "Ready").get("status") == "True"
+            ready = is_ready(sd)
             return stable if stable != first and ready else None
 
         second = eventually(rolled, 90, "the second revision to serve")
@@ -459,7 +453,7 @@ def test_going_back_to_an_earlier_pair_scales_its_revision_up(
     def serving(revision: str | None = None, other_than: str | None = None) -> str | None:
         sd = sd_of(kubectl, namespace, "chat")
         stable = (sd.get("status") or {}).get("stableRevision")
-        ready = condition(sd, "Ready").get("status") == "True"
+        ready = is_ready(sd)
         if not ready or stable is None or stable == other_than:
             return None
         return stable if revision in (None, stable) else None
@@ -577,7 +571,7 @@ def test_scale_and_delete(kubectl: Kubectl, namespace: str, operator: OperatorPr
     def three_ready() -> bool:
         sd = sd_of(kubectl, namespace, "chat")
         status = sd.get("status") or {}
-        ready = condition(sd, "Ready").get("status") == "True"
+        ready = is_ready(sd)
         return ready and status.get("readyReplicas") == 3 and status.get("replicas") == 3
 
     eventually(three_ready, 90, "3 ready replicas")

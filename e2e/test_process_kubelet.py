@@ -21,6 +21,7 @@ from testbed import (
     Kubectl,
     eventually,
 )
+from testbed.conditions import condition, is_ready
 from testbed.process_children import read_identity
 from testbed.prometheus_operator import served_pod_monitor_crd
 from testbed.sample_server import SAMPLE_SERVER as SERVER
@@ -111,11 +112,6 @@ def pod_when(
     return check
 
 
-def condition(pod: dict[str, Any], type_: str) -> str | None:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return next((c.get("status") for c in conditions if c.get("type") == type_), None)
-
-
 def prometheus_series(url: str, query: str) -> list[dict[str, Any]]:
     address = f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
     with urllib.request.urlopen(address, timeout=5) as response:
@@ -130,9 +126,7 @@ def test_server_pod_is_ready_scraped_with_pod_labels_and_stopped_on_delete(
     pod_manifest = local_pod("web", WEB, SCRAPE)
     core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod_manifest))
 
-    pod = wait_for(
-        "pod web Ready", pod_when(core, namespace, "web", lambda p: condition(p, "Ready") == "True")
-    )
+    pod = wait_for("pod web Ready", pod_when(core, namespace, "web", is_ready))
     assert pod["status"]["phase"] == "Running"
     assert pod["status"]["podIP"] == "127.0.0.1"
     (web,) = pod["status"]["containerStatuses"]
@@ -265,7 +259,7 @@ def test_exit_code_and_termination_message_reach_the_container_status(
     assert terminated["exitCode"] == 3
     assert terminated["reason"] == "Error"
     assert terminated["message"].strip() == "pair refused: e2e"
-    assert condition(pod, "Ready") == "False"
+    assert condition(pod, "Ready").get("status") == "False"
 
 
 def test_deployment_scale_down_stops_the_removed_pod(
@@ -302,7 +296,7 @@ def test_deployment_scale_down_stops_the_removed_pod(
             namespace, label_selector="app=pk-web", _preload_content=False
         )
         pods: list[dict[str, Any]] = json.loads(response.data)["items"]
-        ready = [p for p in pods if condition(p, "Ready") == "True"]
+        ready = [p for p in pods if is_ready(p)]
         return pods if len(ready) == len(pods) == 2 else None
 
     pods = wait_for("two Ready replicas", ready_pods)

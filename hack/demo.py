@@ -44,7 +44,6 @@ from chart_harness import (  # noqa: E402
 )
 from engine_cluster import (  # noqa: E402
     complete,
-    condition,
     engine_url,
     get_sd,
     operator_config,
@@ -68,6 +67,7 @@ from testbed import (  # noqa: E402
     eventually,
     up,
 )
+from testbed.conditions import condition, is_ready  # noqa: E402
 
 NAMESPACE = "specdeploy-demo"
 RELEASE = "specdeploy"
@@ -256,7 +256,7 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: ChartOperator) -> None:
 
         def ready() -> dict[str, Any] | None:
             sd = get_sd(kubectl, NAMESPACE, SD)
-            return sd if condition(sd, "Ready").get("status") == "True" else None
+            return sd if is_ready(sd) else None
 
         sd = wait_for(ready, READY_TIMEOUT_S, "Ready=True (vLLM loading the pair on the CPU)")
         stable = sd["status"]["stableRevision"]
@@ -407,7 +407,7 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: ChartOperator) -> None:
             def fallen_back() -> dict[str, Any] | None:
                 sd = get_sd(kubectl, NAMESPACE, SD)
                 speculation = sd["status"].get("speculation") or {}
-                ready = condition(sd, "Ready").get("status") == "True"
+                ready = is_ready(sd)
                 off = speculation.get("reason") == "DisabledAfterCollapse"
                 return sd if off and ready else None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.bed import deployment_ready, sd_ready
+from bench.bed import deployment_ready
 
 
 def deployment(
@@ -27,9 +27,3 @@ def test_a_deployment_is_ready_once_its_controller_counts_every_replica_of_its_s
     assert not deployment_ready(deployment(observed=None))
     assert not deployment_ready(deployment(generation=2))
     assert not deployment_ready({"metadata": {"generation": 1}, "spec": {"replicas": 1}})
-
-
-def test_an_sd_is_ready_by_its_ready_condition() -> None:
-    assert sd_ready({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
-    assert not sd_ready({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
-    assert not sd_ready({"metadata": {"name": "sd"}})
