@@ -126,12 +126,15 @@ class Run:
         return self.recorder.writes[writes:], self.events[events:]
 
     def converge(self, rounds: int = 40) -> int:
-        """Reconciles until one reconcile writes nothing; returns how many rounds it took."""
+        """Lets the cluster settle, then reconciles, until one reconcile writes nothing; returns
+        how many rounds it took. A reconcile right after a write may see the world before the
+        cluster's controllers moved it (a Deployment not yet observed), write nothing, and the
+        next one find something to write: quiet counts only on a settled world."""
         for round_ in range(1, rounds + 1):
+            self.backend.settle()
             writes, _ = self.reconcile()
             if not writes:
                 return round_
-            self.backend.settle()
         raise AssertionError(f"no quiet reconcile after {rounds} rounds: {self.recorder.writes}")
 
     def sd(self) -> dict[str, Any]:
