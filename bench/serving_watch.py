@@ -17,7 +17,7 @@ from typing import Any
 
 from kubernetes import watch
 
-from testbed.conditions import is_ready
+from testbed.conditions import is_serving
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,11 @@ class PodEvent:
 
 def pod_event(at: float, kind: str, pod: Mapping[str, Any], revision_label: str) -> PodEvent:
     metadata = pod.get("metadata") or {}
-    ready = is_ready(pod)
     return PodEvent(
         at=at,
         pod=str(metadata.get("name")),
         revision=str((metadata.get("labels") or {}).get(revision_label, "")),
-        serving=ready and not metadata.get("deletionTimestamp") and kind != "DELETED",
+        serving=is_serving(pod) and kind != "DELETED",
         gone=kind == "DELETED",
     )
 

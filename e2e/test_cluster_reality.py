@@ -244,8 +244,7 @@ def workloads_of(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, 
 
 
 def is_admitted(workload: dict[str, Any]) -> bool:
-    conditions = (workload.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Admitted" and c["status"] == "True" for c in conditions)
+    return condition(workload, "Admitted").get("status") == "True"
 
 
 @pytest.mark.parametrize(

@@ -393,8 +393,7 @@ def test_4_a_bad_draft_is_rolled_back_on_its_probe_before_any_user_request(bed: 
     assert served == len(PROBE_PROMPTS), served
     assert bed.record(canary)["probe"]["requests"] == len(PROBE_PROMPTS)
     for pod in revision_pods(bed.kubectl, bed.namespace, SD, canary):
-        ready = [c for c in pod["status"].get("conditions") or [] if c["type"] == "Ready"]
-        assert all(c["status"] != "True" for c in ready)
+        assert not is_ready(pod), pod["status"]
     shown = Plugin(bed.kubectl, bed.namespace)("status", SD)
     print(f"$ kubectl specdeploy status {SD}\n{shown}")
     assert "Probe (the same prompts on every revision):" in shown

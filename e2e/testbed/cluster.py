@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from testbed import ports, processes
+from testbed import conditions, ports, processes
 from testbed.images import ImageEntry, image_entry_from_dockerfile, write_image_map
 from testbed.kubectl import Kubectl, KubectlError
 from testbed.pki import CertPair, ClusterPki, create_cluster_pki, write_kubeconfig
@@ -755,10 +755,7 @@ def wait_for_condition(
         waiting = [
             item["metadata"]["name"]
             for item in items
-            if not any(
-                c.get("type") == condition and c.get("status") == "True"
-                for c in (item.get("status") or {}).get("conditions") or []
-            )
+            if conditions.condition(item, condition).get("status") != "True"
         ]
         if items and not waiting:
             return
