@@ -19,7 +19,6 @@ from typing import Any
 
 import yaml
 from kubernetes import client, watch
-from kubernetes import config as kube_config
 
 from bench.record import REPO
 from chart_harness import service_account_kubeconfig
@@ -27,6 +26,7 @@ from engine_cluster import OperatorProcess, apply_crds
 from specdeploy.api import labels
 from testbed import ClusterEnv, Kubectl, audit_log, create_namespace_with_queues, up
 from testbed.conditions import is_ready
+from testbed.kubectl import api_client
 from testbed.ports import free_port
 
 GROUP, VERSION, PLURAL = "specdeploy.dev", "v1alpha1", "speculativedeployments"
@@ -60,7 +60,7 @@ class Bed:
     def __init__(self) -> None:
         self.env: ClusterEnv = up()[0]
         self.kubectl: Kubectl = self.env.kubectl()
-        self.api = kube_config.new_client_from_config(config_file=self.env.kubeconfig)  # type: ignore[no-untyped-call]
+        self.api = api_client(Path(self.env.kubeconfig))
         self.core = client.CoreV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)

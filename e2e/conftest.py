@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import config as kubernetes_config
+from kubernetes.client import ApiClient
 
 from cpu_share import CpuShares, read_cpu_times
 from engine_cluster import (
@@ -48,6 +48,7 @@ from engine_harness import (
     tiny_models,
 )
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, down, eventually, up
+from testbed.kubectl import api_client
 from testbed.prometheus_operator import served_pod_monitor_crd
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -299,9 +300,9 @@ def kubectl(cluster: ClusterEnv) -> Kubectl:
 
 
 @pytest.fixture(scope="session")
-def k8s_api(kubeconfig: Path) -> Any:
-    """A ``kubernetes.client.ApiClient`` for the cluster under test."""
-    return kubernetes_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+def k8s_api(kubeconfig: Path) -> ApiClient:
+    """The Python client for the cluster under test (the one the e2e helpers read through)."""
+    return api_client(kubeconfig)
 
 
 @pytest.fixture(scope="session")

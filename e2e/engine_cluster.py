@@ -10,7 +10,6 @@ engines are the pods the operator creates.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import re
@@ -25,9 +24,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import yaml
-from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
+from kubernetes.client import CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config import new_client_from_config
 from urllib3.exceptions import HTTPError
 
 from engine_harness import ACCEPTED_TOKENS, DRAFT_TOKENS, FAST_ENGINE_ARGS, OPERATOR_SRC, http_json
@@ -35,6 +33,7 @@ from specdeploy import GROUP, VERSION
 from specdeploy.api.models import PLURAL
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
 from testbed.conditions import is_ready
+from testbed.kubectl import api_client
 from testbed.process_kubelet import read_local_ports
 
 REPO = Path(__file__).resolve().parent.parent
@@ -317,15 +316,9 @@ def apply_crds(kubectl: Kubectl) -> None:
 READ_TIMEOUT_S = 30
 
 
-@functools.cache
-def _api(kubeconfig: Path) -> ApiClient:
-    api: ApiClient = new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-    return api
-
-
 def get_sd(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
     """The SD as the API server holds it (ApiException when it cannot be read)."""
-    found = CustomObjectsApi(_api(kubectl.kubeconfig)).get_namespaced_custom_object(
+    found = CustomObjectsApi(api_client(kubectl.kubeconfig)).get_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, name, _request_timeout=READ_TIMEOUT_S
     )
     return cast("dict[str, Any]", found)
@@ -348,7 +341,7 @@ def revision_pods(
     if revision:
         selector += f",{REVISION_LABEL}={revision}"
     # Unparsed: the client's models for every pod cost more CPU than the JSON.
-    answer: Any = CoreV1Api(_api(kubectl.kubeconfig)).list_namespaced_pod(
+    answer: Any = CoreV1Api(api_client(kubectl.kubeconfig)).list_namespaced_pod(
         namespace,
         label_selector=selector,
         _preload_content=False,
@@ -361,7 +354,7 @@ def revision_pods(
 def get_pod(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | None:
     """The pod as the API server holds it, None when there is none of that name."""
     try:
-        answer: Any = CoreV1Api(_api(kubectl.kubeconfig)).read_namespaced_pod(
+        answer: Any = CoreV1Api(api_client(kubectl.kubeconfig)).read_namespaced_pod(
             name, namespace, _preload_content=False, _request_timeout=READ_TIMEOUT_S
         )
     except ApiException as error:

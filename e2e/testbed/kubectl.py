@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 from collections.abc import Sequence
@@ -10,8 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes.client import ApiClient
+from kubernetes.config import new_client_from_config
 
 FIELD_MANAGER = "specdeploy-testbed"
+
+
+@functools.cache
+def api_client(kubeconfig: Path) -> ApiClient:
+    """The Python client for the cluster of `kubeconfig`: one per kubeconfig for the process,
+    so its connection pool is shared by every reader of that cluster."""
+    api: ApiClient = new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    return api
 
 
 class KubectlError(RuntimeError):
