@@ -222,7 +222,10 @@ def time_until(
     when the event arrives here, as a client waiting on `kubectl wait` would see it. Every
     event's object is its JSON as parsed (a dict), whatever the kind: the client's typed models
     would cost a built-in kind's watch far more CPU per event than a custom resource's, on
-    the same CPUs as what is timed, and delay the last event by its own decoding."""
+    the same CPUs as what is timed, and delay the last event by its own decoding. The watch is
+    told so by its return type (`object`), not by `deserialize=False`, with which the client
+    meets an ERROR event (a resourceVersion too old, 410) with a KeyError of its own; here it
+    raises the client's ApiException with the server's code and message, and nothing is timed."""
     listed = list_call(**list_args)
     version = (
         listed["metadata"]["resourceVersion"]
@@ -231,7 +234,7 @@ def time_until(
     )
     began = time.monotonic()
     start()
-    stream = watch.Watch()  # type: ignore[no-untyped-call]
+    stream = watch.Watch(return_type="object")  # type: ignore[no-untyped-call]
     deadline = began + timeout
     while time.monotonic() < deadline:
         remaining = max(1, int(deadline - time.monotonic()))
@@ -239,7 +242,6 @@ def time_until(
             list_call,
             resource_version=version,
             timeout_seconds=remaining,
-            deserialize=False,
             **list_args,
         ):
             obj = event["object"]

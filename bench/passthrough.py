@@ -9,11 +9,12 @@ measure its tokens/s and inter-token latency beside the very same vLLM command l
 environment (read from the running engine's /proc) started by hand, in alternating rounds.
 Writes bench/results/p1-engine.json and passthrough.json.
 
-p3: a canary of a bad draft (about 0 % accepted) under load: from the sending of its first
-answered request to the stable revision being the only one serving, over its floor (scrape
-interval + interval x failureLimit); then a collapse guard whose floor the serving pair cannot
-reach, set while the pair serves under load: from the guard applied to the fallback decided (and
-to the fallback serving), over its floor (scrape interval + collapseGuard.for).
+p3: a canary of a bad draft (about 0 % accepted) under load: from its pod Ready, as a watch on
+the pods sees it, to the stable revision being the only one with a Ready pod not being deleted,
+over its floor (interval x failureLimit: the analysis starts when the canary is ready); then a
+collapse guard whose floor the serving pair cannot reach, set while the pair serves under load:
+from the guard applied to the fallback decided (and to the fallback serving), over its floor
+(collapseGuard.for).
 Writes bench/results/p3-reaction.json. At most two engines run at once; request counts are
 small (the CPU is shared).
 """

@@ -1,10 +1,16 @@
-"""What the benchmarks' watches call ready, read from an event's JSON as parsed."""
+"""What the benchmarks' watches call ready, read from an event's JSON as parsed, and how their
+watch reads the API server's event stream."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from typing import Any
 
-from bench.bed import deployment_ready
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from bench.bed import deployment_ready, time_until
 
 
 def deployment(
@@ -27,3 +33,72 @@ def test_a_deployment_is_ready_once_its_controller_counts_every_replica_of_its_s
     assert not deployment_ready(deployment(observed=None))
     assert not deployment_ready(deployment(generation=2))
     assert not deployment_ready({"metadata": {"generation": 1}, "spec": {"replicas": 1}})
+
+
+class WatchResponse:
+    """A watch's HTTP answer as the client reads it (`_preload_content=False`): the API server's
+    events, one JSON object a line."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.body = b"".join(json.dumps(event).encode() + b"\n" for event in events)
+
+    def stream(self, amt: Any = None, decode_content: Any = None) -> Iterator[bytes]:
+        yield self.body
+
+    def close(self) -> None:
+        pass
+
+    def release_conn(self) -> None:
+        pass
+
+
+def list_call(events: list[dict[str, Any]]) -> Any:
+    """A list function of the client's shape: a list, or with `watch=True` the events."""
+
+    def call(**kwargs: Any) -> Any:
+        if kwargs.get("watch"):
+            return WatchResponse(events)
+        return {"metadata": {"resourceVersion": "7"}, "items": []}
+
+    return call
+
+
+def modified(ready: int) -> dict[str, Any]:
+    obj = deployment(ready=ready)
+    obj["metadata"]["resourceVersion"] = str(8 + ready)
+    return {"type": "MODIFIED", "object": obj}
+
+
+def test_the_watch_times_the_first_event_whose_json_satisfies_the_predicate() -> None:
+    started = []
+    seen: list[Any] = []
+
+    def predicate(obj: Any) -> bool:
+        seen.append(obj)
+        return deployment_ready(obj)
+
+    took = time_until(
+        list_call([modified(0), modified(1)]), predicate, lambda: started.append(1), 5
+    )
+    assert started == [1]
+    assert 0 <= took < 5
+    assert [type(obj) for obj in seen] == [dict, dict]
+    assert [obj["status"]["readyReplicas"] for obj in seen] == [0, 1]
+
+
+def test_an_error_event_raises_the_servers_code_and_message_not_a_key_error() -> None:
+    gone = {
+        "type": "ERROR",
+        "object": {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": "too old resource version: 7 (12)",
+            "reason": "Expired",
+            "code": 410,
+        },
+    }
+    with pytest.raises(ApiException) as raised:
+        time_until(list_call([modified(0), gone]), deployment_ready, lambda: None, 5)
+    assert raised.value.status == 410
+    assert "too old resource version" in str(raised.value.reason)
