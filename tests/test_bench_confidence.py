@@ -78,8 +78,9 @@ def test_the_verdict_follows_the_whole_interval(
 
 
 def test_pass_through_rounds_that_spread_widely_are_inconclusive() -> None:
-    """The P4 pass-through of 2026-11-23 (bench/results/passthrough.json): medians of each side
-    gave 103.77 / 72.89 = 1.42, "met"; round by round the ratios run from 0.41 to 2.04."""
+    """The P4 pass-through of 2026-11-23 (tests/fixtures/bench/passthrough.json): medians of
+    each side gave 103.77 / 72.89 = 1.42, "met"; round by round the ratios run from 0.41 to
+    2.04."""
     operator = [98.9, 103.77, 144.09, 134.2, 45.54]
     hand = [48.9, 171.36, 70.76, 72.89, 112.45]
     figure = judge_paired("pass-through", operator, hand, 0.97, Direction.AT_LEAST)
