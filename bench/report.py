@@ -137,25 +137,32 @@ def plot_scale(scale: dict[str, Any] | None) -> str | None:
 
 
 def reaction_rows(p3: dict[str, Any]) -> list[tuple[str, Any, float, Any, Any]]:
-    """(what, measured or None, specdeploy floor, Argo Rollouts, Flagger) in seconds."""
+    """(what, measured or None, specdeploy floor, Argo Rollouts, Flagger) in seconds.
+
+    The floor is the one the result was judged against (`floor_s`, the figure's too); a result
+    without one (before the benchmark wrote it) counts a scrape interval into it, as it did
+    then. Argo Rollouts' and Flagger's columns count what specdeploy's floor counts, so the
+    columns compare: a verdict takes what Prometheus holds at its interval's end, in all three."""
     interval, limit, scrape = p3["interval_s"], p3["failure_limit"], p3["scrape_s"]
     rollback = p3.get("rollback") or {}
     collapse = p3.get("collapse") or {}
+    floor = rollback.get("floor_s", scrape + interval * limit)
+    added = floor - interval * limit  # what the floor counts beyond the intervals
     return [
         (
             "bad canary → stable only",
             rollback.get("seconds"),
-            scrape + interval * limit,
+            floor,
             # Argo: a measurement at once, then each interval; Failed when failed >
             # failureLimit, so failureLimit 1 rolls back at the 2nd failure (same count).
-            scrape + interval * (limit - 1),
+            added + interval * (limit - 1),
             # Flagger: one check per interval tick; rollback when failedChecks >= threshold.
-            scrape + interval * limit,
+            added + interval * limit,
         ),
         (
             "collapse → fallback decided",
             collapse.get("decided_s"),
-            scrape + p3["collapse_for_s"],
+            collapse.get("floor_s", scrape + p3["collapse_for_s"]),
             "no equivalent",
             "no equivalent",
         ),
@@ -544,7 +551,9 @@ def reaction_section(p3: dict[str, Any] | None) -> str:
         return "_not measured_"
 
     def seconds(value: Any) -> str:
-        return f"{value} s" if isinstance(value, int | float) else str(value or "not measured")
+        if isinstance(value, int | float):
+            return f"{value:.3g} s"
+        return str(value or "not measured")
 
     rows = [tuple(seconds(v) for v in row[1:]) for row in reaction_rows(p3)]
     rows = [(row[0], *r) for row, r in zip(reaction_rows(p3), rows, strict=True)]
@@ -556,8 +565,8 @@ def reaction_section(p3: dict[str, Any] | None) -> str:
         "per `interval`, and fails the run when `failed > failureLimit`: two failures need "
         "`failureLimit: 1` and arrive one interval after the start. Flagger runs one check per "
         "`analysis.interval` tick and rolls back when `failedChecks >= threshold`: `threshold: "
-        "2` rolls back at the second tick. Neither counts the scrape delay in its own interval; "
-        "it is added above so the columns compare. Both then shift traffic back through a mesh "
+        "2` rolls back at the second tick. Each column counts what specdeploy's floor counts, "
+        "so the columns compare. Both then shift traffic back through a mesh "
         "or ingress; specdeploy scales the canary's Deployment to zero, so its floor includes "
         "no traffic-shift time but its measured time includes the pod leaving the Service."
     )

@@ -12,7 +12,7 @@ import pytest
 from bench.confidence import Verdict
 from bench.engine_speed import paired_level
 from bench.figures import autotune_figures, passthrough_figures, reaction_figures, rollout_figures
-from bench.report import figure_rows, scale_rows, verdicts_section
+from bench.report import figure_rows, reaction_rows, reaction_section, scale_rows, verdicts_section
 from bench.serving_watch import PodEvent, pod_event, reaction_seconds, serving_timeline
 
 #: Results of past `make bench` runs, kept as they were written: each test below names what its
@@ -69,6 +69,25 @@ def test_a_reaction_under_its_floor_gives_no_verdict() -> None:
     [rollback, _] = reaction_figures(fine)
     assert rollback.verdict is Verdict.MET
     assert rollback.median == pytest.approx(22.3 / 20)
+
+
+def test_the_reaction_table_shows_the_floor_the_figure_is_judged_against() -> None:
+    """The table's floor is the result's own, and Argo Rollouts' and Flagger's columns count
+    what it counts; the run of 2026-11-29 read "20.909999999999997 s" against a floor of
+    "22 s" (a scrape interval its verdicts do not wait for), where its figure's floor was 20 s."""
+    p3 = {
+        **saved("p3-reaction"),
+        "rollback": {"runs_s": [20.6, 21.2], "seconds": 20.909999999999997, "floor_s": 20},
+        "collapse": {"decided_s": 10.2, "floor_s": 10},
+    }
+    rollback, collapse = reaction_rows(p3)
+    assert rollback[1:] == (20.909999999999997, 20, 10, 20)
+    assert collapse[1:3] == (10.2, 10)
+    assert "| bad canary → stable only | 20.9 s | 20 s | 10 s | 20 s |" in reaction_section(p3)
+    # A result of before the floor was written in it: the scrape interval counted, as then.
+    old_rollback, old_collapse = reaction_rows(saved("p3-reaction"))
+    assert old_rollback[2:] == (22, 12, 22)
+    assert old_collapse[2] == 12
 
 
 def test_autotune_same_k_as_the_oracle_is_met_without_rounds() -> None:
