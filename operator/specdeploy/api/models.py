@@ -1185,8 +1185,8 @@ class AnalysisStatus(ApiModel):
         json_schema_extra={"format": "date-time"},
         description=(
             "When it went live, intervals count from here: the second after its last canary pod"
-            " turned Ready, or the whole second after the operator saw it if sooner (with a"
-            " probe: the whole second after the probe was judged); never before either."
+            " turned Ready, or when the operator saw it if sooner (with a probe: when the probe"
+            " was judged)."
         ),
     )
     last_interval: int = Field(default=-1, description="The last interval judged (-1: none).")
