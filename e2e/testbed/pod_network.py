@@ -75,31 +75,33 @@ def hosts_file_text(services: Sequence[Mapping[str, Any]]) -> str:
 
 
 def socket_in_namespace(pid: int, make: Callable[[], socket.socket]) -> socket.socket:
-    """A socket made inside the network namespace of process `pid`."""
+    """A socket made inside the network namespace of process `pid`. Raises OSError when that
+    process is gone (FileNotFoundError for its namespace) or the namespace cannot be entered."""
     result: list[socket.socket | BaseException] = []
 
     def enter_and_make() -> None:
-        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-        target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
         try:
-            if _libc.setns(target, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), f"setns into pid {pid}'s network")
-            try:
-                result.append(make())
-            finally:
-                if _libc.setns(own, CLONE_NEWNET) != 0:
-                    # A thread stuck in a pod's namespace must not go on: it ends here anyway.
-                    log.error("could not leave pid %d's network namespace", pid)
+            with contextlib.ExitStack() as files:
+                own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+                files.callback(os.close, own)
+                # The process may have ended since it was started: the error goes to the caller.
+                target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+                files.callback(os.close, target)
+                if _libc.setns(target, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns into pid {pid}'s network")
+                try:
+                    result.append(make())
+                finally:
+                    if _libc.setns(own, CLONE_NEWNET) != 0:
+                        # A thread stuck in a pod's namespace must not go on: it ends here anyway.
+                        log.error("could not leave pid %d's network namespace", pid)
         except BaseException as error:
             result.append(error)
-        finally:
-            os.close(own)
-            os.close(target)
 
     thread = threading.Thread(target=enter_and_make, name=f"netns {pid}", daemon=True)
     thread.start()
     thread.join()
-    made = result[0]
+    (made,) = result
     if isinstance(made, BaseException):
         raise made
     return made
