@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -170,6 +171,8 @@ class EngineServer:
     served_name: str = "tiny"
     #: The CPU the engine is pinned to (None: not pinned); given back when it stops.
     cpu: int | None = None
+    #: Its temporary folder (TMPDIR, where vLLM makes its IPC sockets), removed when it stops.
+    tmp: Path | None = None
 
     @property
     def url(self) -> str:
@@ -227,6 +230,9 @@ class EngineServer:
             os.killpg(self.process.pid, signal.SIGKILL)
         ENGINE_CPUS.give_back(self.cpu)
         self.cpu = None
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
 
 
 def start_engine(
@@ -244,7 +250,10 @@ def start_engine(
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     term = log_dir / f"{name}.termination-log"
-    full_env = engine_env({"SPECDEPLOY_TERMINATION_LOG": str(term), **(env or {})})
+    tmp = Path(tempfile.mkdtemp(prefix="engine-"))
+    full_env = engine_env(
+        {"SPECDEPLOY_TERMINATION_LOG": str(term), "TMPDIR": str(tmp), **(env or {})}
+    )
     cpu = ENGINE_CPUS.take()
     try:
         with open(log, "wb") as out:
@@ -259,9 +268,10 @@ def start_engine(
             )
     except BaseException:
         ENGINE_CPUS.give_back(cpu)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
     return EngineServer(
-        name, port or 0, process, log, time.monotonic(), served_name=served_name, cpu=cpu
+        name, port or 0, process, log, time.monotonic(), served_name=served_name, cpu=cpu, tmp=tmp
     )
 
 

@@ -9,6 +9,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -223,6 +224,40 @@ def test_exit_code_and_termination_message_land_in_status(
     assert terminated["reason"] == "Error"
     assert terminated["message"] == "pair refused: vocab differs\n"
     assert condition(status, "Ready") == "False"
+
+
+def test_each_container_run_has_a_temporary_folder_of_its_own_removed_when_it_ends(
+    kubelet: tuple[ProcessKubelet, FakePodApi, Path],
+) -> None:
+    """As a container's /tmp: vLLM's engines leave their IPC sockets in the temporary folder,
+    which piled up in the host's /tmp by the hundred in a day of test runs."""
+    instance, api, _ = kubelet
+    script = (
+        "import os, tempfile; "
+        "folder = tempfile.gettempdir(); "
+        "open(os.path.join(folder, 'left-behind'), 'w').write('x'); "
+        "open(os.environ['SPECDEPLOY_TERMINATION_LOG'], 'w').write(folder)"
+    )
+    command = [sys.executable, "-c", script]
+    own = {"name": "engine", "image": IMAGE, "command": command}
+    chosen = {**own, "env": [{"name": "TMPDIR", "value": str(instance.pods_dir)}]}
+    instance.observe("ADDED", api.add(local_pod("own", own, restartPolicy="Never")))
+    instance.observe("ADDED", api.add(local_pod("chosen", chosen, restartPolicy="Never")))
+
+    def folder_of(name: str) -> str | None:
+        status = api.status_of(name)
+        if status.get("phase") != "Succeeded":
+            return None
+        message: str = status["containerStatuses"][0]["state"]["terminated"]["message"]
+        return message
+
+    folder = Path(wait_for(lambda: folder_of("own")))
+    assert folder.name.startswith("pk-"), folder
+    assert folder.parent == Path(tempfile.gettempdir())
+    assert not folder.exists(), "the folder outlived the container"
+    # A TMPDIR the pod's spec sets is the container's to keep.
+    assert wait_for(lambda: folder_of("chosen")) == str(instance.pods_dir)
+    assert (instance.pods_dir / "left-behind").exists()
 
 
 def test_crashing_container_enters_crash_loop_back_off(

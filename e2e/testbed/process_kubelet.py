@@ -31,6 +31,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -636,6 +637,8 @@ class ContainerRun:
     net: PodNetwork | None = None
     #: containerPort → host port on 127.0.0.1, for a container with a network of its own.
     host_ports: dict[int, int] = field(default_factory=dict)
+    #: The running container's own temporary folder (its TMPDIR), removed when it ends.
+    tmp: Path | None = None
 
 
 class PodWorker(threading.Thread):
@@ -897,8 +900,16 @@ class PodWorker(threading.Thread):
             run.start_at = time.monotonic() + CONFIG_RETRY_SECONDS
             return
         # The host's environment stands in for the image's (PATH, HOME, a venv's PYTHONPATH),
-        # with what the image map says of the image's own on top.
-        run.env = {**os.environ, **(image.env if image else {}), **container_env}
+        # with what the image map says of the image's own on top. Each container run has a
+        # temporary folder of its own, as a container's /tmp is, gone when it ends: vLLM's
+        # engines leave their IPC sockets there.
+        run.tmp = Path(tempfile.mkdtemp(prefix="pk-"))
+        run.env = {
+            **os.environ,
+            "TMPDIR": str(run.tmp),
+            **(image.env if image else {}),
+            **container_env,
+        }
         termination_log.write_text("")
         log_path = self.folder / f"{name}.log"
         run.log_offset = log_path.stat().st_size if log_path.exists() else 0
@@ -1069,6 +1080,9 @@ class PodWorker(threading.Thread):
         pod = self.pod
         name = run.spec["name"]
         ran_for = 0.0
+        if run.tmp is not None:
+            shutil.rmtree(run.tmp, ignore_errors=True)
+            run.tmp = None
         if run.net is not None:
             run.net.close()
             run.net = None
