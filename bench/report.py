@@ -555,8 +555,7 @@ def reaction_section(p3: dict[str, Any] | None) -> str:
             return f"{value:.3g} s"
         return str(value or "not measured")
 
-    rows = [tuple(seconds(v) for v in row[1:]) for row in reaction_rows(p3)]
-    rows = [(row[0], *r) for row, r in zip(reaction_rows(p3), rows, strict=True)]
+    rows = [(row[0], *(seconds(v) for v in row[1:])) for row in reaction_rows(p3)]
     text = table(["", "measured", "floor", "Argo Rollouts", "Flagger"], rows) if rows else ""
     return (
         text + f"\n\nSame settings for all three: interval {p3['interval_s']} s, two failed "
