@@ -149,11 +149,21 @@ def test_a_canary_seen_ready_late_goes_live_when_its_pods_turned_ready() -> None
     assert seen.state is not None
     assert (seen.state.stage, seen.state.started_at) == (Stage.LIVE, "2026-11-26T08:00:21Z")
     assert seen.state.last_interval == 1  # 08:00:21 + 2 intervals of 10 s have closed
-    # Seen within the second of the stamp: now, never a start in the future.
+    # Seen within the second of the stamp: from when it was seen, never sooner.
     run = Run()
     on_time = run.step(canary=view(ready_since=START))
     assert on_time.state is not None
     assert on_time.state.started_at == "2026-11-26T08:00:00Z"
+    # Seen 0.65 s into the stamp's second: a stamp holds whole seconds, and the window opens on
+    # the next one, not on the second it began in, before the pod was Ready (where a bad
+    # canary's verdicts came up to a second sooner than its intervals allow).
+    run = Run()
+    run.now = START + timedelta(seconds=0.65)
+    within = run.step(canary=view(ready_since=START))
+    assert within.state is not None
+    assert within.state.started_at == "2026-11-26T08:00:01Z"
+    assert run.step(9.8).state.last_interval == -1  # type: ignore[union-attr]
+    assert run.step(0.6).state.last_interval == 0  # type: ignore[union-attr]
     # Its pods Ready since an earlier turn of the revision: from when it was asked for again.
     run = Run()
     run.now = START + timedelta(seconds=40)

@@ -1185,8 +1185,8 @@ class AnalysisStatus(ApiModel):
         json_schema_extra={"format": "date-time"},
         description=(
             "When it went live, intervals count from here: the second after its last canary pod"
-            " turned Ready, or when the operator saw it if sooner (with a probe: when the probe"
-            " was judged)."
+            " turned Ready, or the whole second after the operator saw it if sooner, never"
+            " before it was Ready (with a probe: when the probe was judged, cut to its second)."
         ),
     )
     last_interval: int = Field(default=-1, description="The last interval judged (-1: none).")

@@ -26,6 +26,7 @@ canary's revision so a request never outlives the canary it was meant for, and e
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -123,6 +124,13 @@ def _stamp(now: datetime) -> str:
     return now.strftime(RFC3339)
 
 
+def _start_stamp(moment: datetime) -> str:
+    """The stamp of a window that starts at `moment`: the whole second at or after it. A stamp
+    holds whole seconds, and one cut down would open the window before `moment`, counting
+    what came before it (a canary's time before it was Ready)."""
+    return _stamp(datetime.fromtimestamp(math.ceil(moment.timestamp()), UTC))
+
+
 def _as_state(status: AnalysisStatus) -> AnalysisState:
     return AnalysisState(
         last_interval=status.last_interval,
@@ -218,7 +226,7 @@ def judge_canary(
         if probe_configured and canary.containers_ready:
             state = state.model_copy(update={"stage": Stage.PROBE})
         elif not probe_configured and canary.ready:
-            live = {"stage": Stage.LIVE, "started_at": _stamp(_live_start(canary, now))}
+            live = {"stage": Stage.LIVE, "started_at": _start_stamp(_live_start(canary, now))}
             state = state.model_copy(update=live)
     skip_probe = requests.promote == f"{revision}/probe"
     if state.stage == Stage.PROBE:
@@ -254,7 +262,8 @@ def _live_start(canary: CanaryView, now: datetime) -> datetime:
     (the kubelet's stamp is cut to the second, so never before it), not when this reconcile
     saw it, so a late look (an operator restarted, a busy queue) neither leaves the canary's
     first requests out of its window nor delays its verdicts. Never before it became the
-    desired revision (its pods may be Ready from an earlier turn), never after now."""
+    desired revision (its pods may be Ready from an earlier turn), never after now (which
+    `_start_stamp` then rounds up to its whole second, never down to before it was Ready)."""
     if canary.ready_since_seconds is None:
         return now
     start = canary.ready_since_seconds + 1
