@@ -49,6 +49,7 @@ from engine_harness import (
 )
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, down, eventually, up
 from testbed.kubectl import api_client
+from testbed.processes import logged_failures
 from testbed.prometheus_operator import served_pod_monitor_crd
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -266,11 +267,18 @@ def cluster() -> Iterator[ClusterEnv]:
         return
     # Started here, the components stop with this process even if it is killed.
     env, started = up(die_with_parent=True)
+    kubelet_log = Path(env.run_dir) / "process-kubelet.log"
+    offset = kubelet_log.stat().st_size if kubelet_log.exists() else 0
     try:
         yield env
     finally:
+        # Read before `down`, which may remove the run folder.
+        errors = logged_failures(kubelet_log, offset)
         if started and os.environ.get("SPECDEPLOY_KEEP_CLUSTER") != "1":
             down()
+    # A test bed that failed inside (a pod's worker ended, so its pod stopped for good) shows in
+    # the tests only as a timeout somewhere else: the session fails on it, by name.
+    assert not errors, f"the process kubelet ({kubelet_log}) logged errors:\n" + "\n".join(errors)
 
 
 @pytest.fixture(scope="session")

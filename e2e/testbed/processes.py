@@ -44,6 +44,24 @@ def log_tail(log: Path, lines: int = 15) -> str:
 _PR_SET_PDEATHSIG = 1
 
 
+def logged_failures(log: Path, offset: int = 0, limit: int = 40) -> list[str]:
+    """The lines of a component's log, from byte `offset` on, that say it failed inside: those
+    logged at ERROR, and tracebacks (a thread's uncaught exception goes to the log as one).
+    A log that cannot be read has none."""
+    try:
+        with log.open("rb") as file:
+            file.seek(offset)
+            text = file.read().decode(errors="replace")
+    except OSError:
+        return []
+    found = [
+        line
+        for line in text.splitlines()
+        if " ERROR " in line or line.startswith("Traceback (most recent call last)")
+    ]
+    return found[:limit]
+
+
 def _parent_death_signal(sig: signal.Signals) -> Callable[[], None]:
     def arm() -> None:
         # Runs in the child between fork and exec: the kernel sends `sig` when the parent dies.
