@@ -134,7 +134,7 @@ soak: venv tools system-deps engine-venv prometheus-operator-crd ## Operator SIG
 	$(PY) -m bench.soak
 
 .PHONY: demo
-demo: venv tools system-deps engine-venv prometheus-operator-crd ## Local cluster + operator + CPU vLLM: a good pair served, a mismatched one refused (KEEP=1 leaves it running)
+demo: venv tools system-deps engine-venv prometheus-operator-crd ## Local cluster, the chart's operator, CPU vLLM: a pair Ready, a mismatched one refused, a bad draft rolled back, a collapse (KEEP=1 leaves it running)
 	$(PY) hack/demo.py
 
 # Small request counts by default: the machine and its CPU are shared.
