@@ -21,6 +21,7 @@ import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
@@ -153,12 +154,20 @@ def where_it_landed(status: Mapping[str, Any], judged: str = "analysis") -> str:
     return DURING if analysis.get("startedAt") and status.get("canaryRevision") else BEFORE
 
 
+#: Seconds after a decision's status write within which a SIGKILL can still take its Event with
+#: it: the operator posts Events from a thread of its own once the reconcile that decided has
+#: ended, and what is still waiting dies with the process (handlers.run.EventPoster: Events are
+#: best effort, the status and its conditions are the record that survives).
+EVENT_AFTER_STATUS_S = 3.0
+
+
 @dataclass
 class KillPoint:
     """One SIGKILL: seconds after the killer started, where it landed (from the SD just before
-    the kill), and the SD as the new process found it."""
+    the kill), and the SD as the new process found it; `wall` is the kill's wall-clock time."""
 
     at: float
+    wall: float
     landed: str
     interval_before: int | None
     phase: str | None
@@ -269,6 +278,7 @@ class OperatorKiller(Background):
                 before = {}
             at = round(time.monotonic() - self._began, 1)
             offset = len(self.operator.log_text())
+            wall = time.time()
             self.operator.kill()
             self.operator.start()
             began = time.monotonic()
@@ -283,6 +293,7 @@ class OperatorKiller(Background):
             self.kills.append(
                 KillPoint(
                     at=at,
+                    wall=round(wall, 3),
                     landed=where_it_landed(before, self.judged) if before else "unknown",
                     interval_before=(before.get("analysis") or {}).get("lastInterval"),
                     phase=status.get("phase"),
@@ -297,6 +308,17 @@ class OperatorKiller(Background):
         sd = self.kubectl.get_json("sd", self.name, "-n", self.namespace)
         found: dict[str, Any] = sd.get("status") or {}
         return found
+
+    def may_have_taken_the_event(self, decided: str) -> KillPoint | None:
+        """The kill that may have taken with it the Event of a decision whose status stamp
+        (a condition's `lastTransitionTime`, whole seconds) is `decided`: one that landed from
+        that second to EVENT_AFTER_STATUS_S after it. None: no kill could have, so the Event
+        must be there."""
+        stamp = datetime.strptime(decided, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+        for kill in self.kills:
+            if stamp <= kill.wall <= stamp + 1 + EVENT_AFTER_STATUS_S:
+                return kill
+        return None
 
     def downtime(self) -> float:
         """Seconds from each kill until the new process had reconciled, summed."""
