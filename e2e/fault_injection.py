@@ -21,12 +21,12 @@ import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
 from background import Background
 from engine_cluster import REVISION_LABEL, OperatorProcess, revision_pods
+from specdeploy.api.times import parse_time
 from testbed import Kubectl, eventually
 from testbed.conditions import is_serving
 
@@ -314,7 +314,7 @@ class OperatorKiller(Background):
         (a condition's `lastTransitionTime`, whole seconds) is `decided`: one that landed from
         that second to EVENT_AFTER_STATUS_S after it. None: no kill could have, so the Event
         must be there."""
-        stamp = datetime.strptime(decided, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+        stamp = parse_time(decided).timestamp()
         for kill in self.kills:
             if stamp <= kill.wall <= stamp + 1 + EVENT_AFTER_STATUS_S:
                 return kill
