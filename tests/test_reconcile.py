@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -14,6 +16,7 @@ from specdeploy.api.config import OperatorConfig
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.decide import Decision, settle
 from specdeploy.plan.rollout.revisions import RolloutEvent
+from specdeploy.plan.status.first_status import FIRST_STATUS_GRACE
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 
@@ -50,7 +53,9 @@ NODES = [
 
 
 def setup(
-    body: dict[str, Any], kube: FakeKube | None = None
+    body: dict[str, Any],
+    kube: FakeKube | None = None,
+    clock: Callable[[], datetime] | None = None,
 ) -> tuple[FakeKube, Reconciler, list[tuple[str, str]]]:
     kube = kube or FakeKube(NODES)
     kube.objects[("SpeculativeDeployment", "ns", "chat")] = body
@@ -59,6 +64,7 @@ def setup(
         kube,  # type: ignore[arg-type]
         OperatorConfig(),
         lambda _body, _type, reason, message: events.append((reason, message)),
+        clock=clock or (lambda: datetime.now(UTC)),
     )
     return kube, reconciler, events
 
@@ -150,6 +156,80 @@ def test_the_reconcile_that_creates_a_revision_writes_one_status_that_already_na
     writes = kube.write_requests
     reconciler.reconcile("ns", "chat")
     assert kube.write_requests == writes, "the next reconcile, nothing changed, writes nothing"
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+CREATED = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
+CREATE_GRACE_END = CREATED + FIRST_STATUS_GRACE
+
+
+def new_sd(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` as the API server holds it right after the create: stamped, no status."""
+    body["metadata"]["creationTimestamp"] = CREATED.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return body
+
+
+def test_a_new_sds_first_status_waits_for_its_pods_and_comes_whole_with_ready() -> None:
+    # While a new SD's pods come up, its first status (only "not ready yet") is left for the
+    # reconcile their readiness starts, which would otherwise wait behind that write.
+    kube = StatusWrites()
+    clock = Clock(CREATED + timedelta(milliseconds=300))
+    _, reconciler, events = setup(new_sd(sd_body()), kube, clock)
+    wake = reconciler.reconcile("ns", "chat")
+    assert kube.deployments(), "the children are written at once"
+    assert kube.patches == [], "no status while the pods come up"
+    assert wake == CREATE_GRACE_END, "reconciled again when the grace ends"
+    reasons = [reason for reason, _ in events]
+    assert "NewRevision" in reasons, "the Event of a child write is posted at once"
+    assert "Sized" not in reasons, "a condition's Event is told with its status"
+
+    clock.now += timedelta(milliseconds=100)
+    assert reconciler.reconcile("ns", "chat") == CREATE_GRACE_END
+    assert kube.patches == [], "another event before the pods are ready: still nothing"
+
+    kube.make_ready()
+    clock.now += timedelta(milliseconds=100)
+    reconciler.reconcile("ns", "chat")
+    assert len(kube.patches) == 1, "one status write, the whole status"
+    assert condition(kube, "Ready")["status"] == "True"
+    assert condition(kube, "Sized")["status"] == "True"
+    assert [reason for reason, _ in events].count("Sized") == 1
+
+
+def test_a_new_sds_first_status_is_written_when_the_grace_ends_whatever_its_pods() -> None:
+    kube = StatusWrites()
+    clock = Clock(CREATED + timedelta(milliseconds=300))
+    _, reconciler, _ = setup(new_sd(sd_body()), kube, clock)
+    reconciler.reconcile("ns", "chat")
+    assert kube.patches == []
+    clock.now = CREATE_GRACE_END
+    reconciler.reconcile("ns", "chat")
+    assert len(kube.patches) == 1
+    ready = condition(kube, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ReplicasNotReady")
+    [revision] = status(kube)["revisions"]
+    assert revision["phase"] == "Pending"
+
+
+def test_a_new_sds_bad_news_is_written_at_once() -> None:
+    body = sd_body()
+    body["spec"]["pair"]["target"]["model"] = "meta-llama/Llama-3.1-405B-Instruct"
+    body["spec"]["pair"]["draft"] = {"method": "none"}
+    kube = StatusWrites()
+    _, reconciler, events = setup(new_sd(body), kube, Clock(CREATED))
+    assert reconciler.reconcile("ns", "chat") is None
+    sized = condition(kube, "Sized")
+    assert (sized["status"], sized["reason"]) == ("False", "Unschedulable")
+    assert "Unschedulable" in [reason for reason, _ in events]
 
 
 def test_a_decision_is_not_settled_by_one_that_would_still_write_or_tell_something_new() -> None:

@@ -130,6 +130,13 @@ class Reconciler:
                     after = replace(snapshot, **self._children(snapshot.body))
                     decision = settle(decision, decide(after, self.config, self.catalog, now))
                 self.apply_status(body, decision)
+                if decision.status_due is not None:
+                    log.debug(
+                        "%s/%s: first status left for its pods' readiness (due %s)",
+                        namespace,
+                        name,
+                        decision.status_due.strftime(RFC3339),
+                    )
             except WriteRefusedError as error:
                 self.metrics.reconciles.labels("error").inc()
                 self.record_refusal(body, status, generation, error)

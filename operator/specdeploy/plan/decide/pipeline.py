@@ -22,6 +22,7 @@ from specdeploy.plan.decide.stages import (
 )
 from specdeploy.plan.placement.gpu_catalog import GpuProduct
 from specdeploy.plan.placement.sizing import ShapeUnknown
+from specdeploy.plan.status.first_status import first_status_due
 from specdeploy.plan.status.report import status_patch
 
 
@@ -46,6 +47,7 @@ def settle(first: Decision, after: Decision) -> Decision:
         status_events=after.status_events,
         acceptance_rate=after.acceptance_rate,
         wake_at=after.wake_at,
+        status_due=after.status_due,
     )
 
 
@@ -64,8 +66,16 @@ def decide(
     children = choose_child_writes(snapshot, world, serving, plan, config)
     status = report_status(snapshot, world, serving, pair=pair, canary=canary, plan=plan, now=now)
     told = status_events(snapshot, status)
+    events = collect_events(
+        serving, pair=pair, canary=canary, plan=plan, children=children, told=told
+    )
+    due = first_status_due(snapshot.body, status, events, now)
+    if due is not None:
+        # The status and the condition Events it tells wait for a later reconcile.
+        events, told = events[: len(events) - len(told)], ()
     sized = serving.pair.sized
     sets = {r.name for r in world.revisions if r.kind == "LeaderWorkerSet"}
+    wake = wake_at(world, serving, canary, now)
     return Decision(
         replace_records=children.replace_records,
         create_records=children.create_records,
@@ -73,13 +83,14 @@ def decide(
         scales=children.scales,
         deletes=tuple(name for name in plan.delete if name not in sets),
         delete_sets=tuple(name for name in plan.delete if name in sets),
-        status_patch=status_patch(snapshot.body.get("status") or {}, status),
-        events=collect_events(
-            serving, pair=pair, canary=canary, plan=plan, children=children, told=told
+        status_patch=(
+            status_patch(snapshot.body.get("status") or {}, status) if due is None else {}
         ),
+        events=events,
         status_events=told,
         shape_unknown=sized.message if isinstance(sized, ShapeUnknown) else None,
         acceptance_rate=status.get("acceptanceRate"),
-        wake_at=wake_at(world, serving, canary, now),
+        wake_at=wake if due is None or (wake is not None and wake < due) else due,
+        status_due=due,
         open_gates=canary.gates_to_open,
     )

@@ -77,8 +77,12 @@ class Decision:
     shape_unknown: str | None = None
     #: The serving revision's acceptance rate as the status now holds it (for /metrics).
     acceptance_rate: float | None = None
-    #: When the SD next has a verdict due (plan.rollout.wakeup): reconcile it again then.
+    #: When the SD next has a verdict due (plan.rollout.wakeup), or its first status left
+    #: unwritten is (`status_due`): reconcile it again then.
     wake_at: datetime | None = None
+    #: When a new SD's first status, left unwritten by this decision, is due
+    #: (plan.status.first_status); None when the status patch is this decision's to send.
+    status_due: datetime | None = None
     #: Pods whose probe readiness gate opens (their revision's probe was judged): the pod
     #: condition specdeploy.dev/probe-judged is set True on each.
     open_gates: tuple[str, ...] = ()
