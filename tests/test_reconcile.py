@@ -13,6 +13,7 @@ import pytest
 
 from fake_kube import FakeKube, kwok_gpu_nodes
 from specdeploy.api.config import OperatorConfig
+from specdeploy.api.times import RFC3339
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.decide import Decision, settle
 from specdeploy.plan.rollout.revisions import RolloutEvent
@@ -174,7 +175,7 @@ CREATE_GRACE_END = CREATED + FIRST_STATUS_GRACE
 
 def new_sd(body: dict[str, Any]) -> dict[str, Any]:
     """`body` as the API server holds it right after the create: stamped, no status."""
-    body["metadata"]["creationTimestamp"] = CREATED.strftime("%Y-%m-%dT%H:%M:%SZ")
+    body["metadata"]["creationTimestamp"] = CREATED.strftime(RFC3339)
     return body
 
 

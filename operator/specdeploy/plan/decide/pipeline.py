@@ -75,7 +75,6 @@ def decide(
         events, told = events[: len(events) - len(told)], ()
     sized = serving.pair.sized
     sets = {r.name for r in world.revisions if r.kind == "LeaderWorkerSet"}
-    wake = wake_at(world, serving, canary, now)
     return Decision(
         replace_records=children.replace_records,
         create_records=children.create_records,
@@ -90,7 +89,7 @@ def decide(
         status_events=told,
         shape_unknown=sized.message if isinstance(sized, ShapeUnknown) else None,
         acceptance_rate=status.get("acceptanceRate"),
-        wake_at=wake if due is None or (wake is not None and wake < due) else due,
+        wake_at=wake_at(world, serving, canary, now, also=(due,)),
         status_due=due,
         open_gates=canary.gates_to_open,
     )

@@ -11,7 +11,7 @@ No stage patches another's result: each one's output is an input of the next.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -429,9 +429,15 @@ def status_events(snapshot: Snapshot, status: Mapping[str, Any]) -> tuple[Rollou
 
 
 def wake_at(
-    world: World, serving: Serving, canary: CanaryDecision, now: datetime
+    world: World,
+    serving: Serving,
+    canary: CanaryDecision,
+    now: datetime,
+    *,
+    also: Iterable[datetime | None] = (),
 ) -> datetime | None:
-    """When the SD next has a verdict due: the canary's next interval or the guard's `for`."""
+    """When the SD next has a verdict due: the canary's next interval or the guard's `for`;
+    `also` adds other moments (a first status left unwritten)."""
     guard = world.sd.spec.rollout.collapse_guard
     return next_wake(
         canary.judgement.state if canary.canary is not None else None,
@@ -439,5 +445,5 @@ def wake_at(
         serving.guard.state,
         guard.for_ if guard else None,
         now,
-        also=wake_moments(canary, world.deadline_seconds, now),
+        also=(*wake_moments(canary, world.deadline_seconds, now), *also),
     )
