@@ -1,5 +1,5 @@
-"""The operator's counting of counters (`window_increase`) as the test bed's real Prometheus
-answers it.
+"""The operator's counting of counters (`window_increase`), and its step time per stretch of a
+window (`stretch_step_seconds`), as the test bed's real Prometheus answers them.
 
 Two local exporters are scraped through a file service-discovery target in the test bed's
 Prometheus (every 2 s). One serves a counter that grows steadily, one whose value drops to zero
@@ -8,12 +8,18 @@ its first scrape) and the `_created` series beside them; the other serves a grow
 fails two of its scrapes (Prometheus then writes staleness markers). Once Prometheus holds all
 of it, the helper's PromQL is evaluated at many moments around those events (the HTTP API's
 `time` parameter) and compared with what Prometheus' own samples say each window held.
+
+A third exporter serves vLLM's inter-token latency sum and count with a mean step of 20 ms,
+30 ms for one stretch's worth of time: each stretch's step time is the sum's growth over the
+count's between its first and last scrape, exactly, and the median of the stretches is the
+20 ms the exporter ran at the rest of the time.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import statistics
 import threading
 import time
 import uuid
@@ -25,7 +31,13 @@ from typing import Any
 import pytest
 from prometheus_api_client import PrometheusConnect
 
-from specdeploy.adapters.prometheus import window_increase
+from specdeploy.adapters.prometheus import (
+    INTER_TOKEN_LATENCY_COUNT,
+    INTER_TOKEN_LATENCY_SUM,
+    by_stretch,
+    stretch_step_seconds,
+    window_increase,
+)
 from testbed import ClusterEnv, eventually
 
 pytestmark = pytest.mark.e2e
@@ -76,12 +88,28 @@ class Exporter:
         self.server.server_close()
 
 
+def registered(cluster: ClusterEnv, exporters: list[Exporter]) -> tuple[str, Path]:
+    """(label matchers, target file): the exporters as targets of the test bed's Prometheus,
+    under a namespace label of their own."""
+    if not cluster.prometheus_sd_dir:
+        raise RuntimeError("this test needs the test bed's Prometheus file service discovery")
+    namespace = f"counting-{uuid.uuid4().hex[:8]}"
+    target_file = Path(cluster.prometheus_sd_dir) / f"{namespace}.json"
+    groups = [
+        {
+            "targets": [f"127.0.0.1:{exporter.port}"],
+            "labels": {"namespace": namespace, "specdeploy_dev_revision": "r1"},
+        }
+        for exporter in exporters
+    ]
+    target_file.write_text(json.dumps(groups))
+    return f'{{namespace="{namespace}",specdeploy_dev_revision="r1"}}', target_file
+
+
 @pytest.fixture
 def targets(cluster: ClusterEnv) -> Iterator[tuple[str, Exporter, Exporter, dict[str, float]]]:
     """(label matchers, steady exporter, flaky exporter, event times) with both exporters
     registered in the test bed's Prometheus under a namespace label of their own."""
-    if not cluster.prometheus_sd_dir:
-        raise RuntimeError("this test needs the test bed's Prometheus file service discovery")
     events: dict[str, float] = {}
     start = time.time()
 
@@ -105,18 +133,9 @@ def targets(cluster: ClusterEnv) -> Iterator[tuple[str, Exporter, Exporter, dict
         }
     )
     second = Exporter({f'{METRIC}{{s="blip"}}': lambda now: 5000 + RATE * (now - start)})
-    namespace = f"counting-{uuid.uuid4().hex[:8]}"
-    target_file = Path(cluster.prometheus_sd_dir) / f"{namespace}.json"
-    groups = [
-        {
-            "targets": [f"127.0.0.1:{exporter.port}"],
-            "labels": {"namespace": namespace, "specdeploy_dev_revision": "r1"},
-        }
-        for exporter in (first, second)
-    ]
-    target_file.write_text(json.dumps(groups))
+    selector, target_file = registered(cluster, [first, second])
     try:
-        yield f'{{namespace="{namespace}",specdeploy_dev_revision="r1"}}', first, second, events
+        yield selector, first, second, events
     finally:
         target_file.unlink(missing_ok=True)
         first.close()
@@ -201,3 +220,71 @@ def test_a_series_born_inside_the_window_counts_from_zero_and_nothing_else_moves
     assert checked > 2 * WINDOW_S
     # The cause, on the real Prometheus: increase() cannot count a series' first sample.
     assert old_way_missed_it > 0
+
+
+STEPS_PER_SECOND = 50.0
+STRETCH_S = 6  # three of the test bed's 2 s scrapes
+STRETCHED_WINDOW_S = 5 * STRETCH_S
+SLOW_S = STRETCH_S  # the time the steps took 30 ms: it touches two of the five stretches at most
+
+
+def test_the_step_time_of_each_stretch_is_its_sum_over_its_count(cluster: ClusterEnv) -> None:
+    start = time.time()
+    slow = (start + STRETCHED_WINDOW_S, start + STRETCHED_WINDOW_S + SLOW_S)
+
+    def count(now: float) -> float:
+        return STEPS_PER_SECOND * (now - start)
+
+    def total(now: float) -> float:
+        slowed = max(0.0, min(now, slow[1]) - slow[0])
+        return 0.020 * count(now) + 0.010 * STEPS_PER_SECOND * slowed
+
+    exporter = Exporter({INTER_TOKEN_LATENCY_COUNT: count, INTER_TOKEN_LATENCY_SUM: total})
+    selector, target_file = registered(cluster, [exporter])
+    try:
+        # A whole window before the slow stretch, the slow stretch, and half a window after.
+        time.sleep(slow[1] - start + STRETCHED_WINDOW_S / 2)
+    finally:
+        target_file.unlink(missing_ok=True)
+        exporter.close()
+    client = PrometheusConnect(url=cluster.prometheus_url, disable_ssl=True)
+    raw = {
+        name: [(float(t), float(v)) for t, v in values]
+        for name, values in (
+            (series["metric"]["__name__"], series["values"])
+            for series in client.custom_query(
+                f'{{__name__=~"vllm:inter_token_latency_seconds_(sum|count)",'
+                f"{selector[1:-1]}}}[3m]",
+                params={"time": time.time()},
+            )
+        )
+    }
+    sums, counts = raw[INTER_TOKEN_LATENCY_SUM], raw[INTER_TOKEN_LATENCY_COUNT]
+    assert [t for t, _ in sums] == [t for t, _ in counts], "one scrape, one timestamp"
+    # Read 1 s after the last scrape: each stretch's edge sits 1 s from the 2 s scrapes.
+    at = sums[-1][0] + 1.0
+    query = stretch_step_seconds(selector, f"{STRETCHED_WINDOW_S}s", f"{STRETCH_S}s")
+    answer = client.custom_query(query, params={"time": at})
+    read = {int(series["metric"]["stretch"]): float(series["value"][1]) for series in answer}
+
+    expected = {}
+    for n in range(STRETCHED_WINDOW_S // STRETCH_S):
+        end = at - n * STRETCH_S
+        inside = [i for i, (t, _) in enumerate(sums) if end - STRETCH_S < t <= end]
+        first, last = inside[0], inside[-1]
+        expected[n] = (sums[last][1] - sums[first][1]) / (counts[last][1] - counts[first][1])
+    print(f"read {read}, from the samples {expected}, slow from {slow[0] - at:+.1f} s")
+    assert read.keys() == expected.keys()
+    for n, value in expected.items():
+        assert read[n] == pytest.approx(value, rel=1e-6), n
+    # Stretches wholly inside the slow time read 30 ms, wholly outside it 20 ms; the median of
+    # the stretches is the 20 ms the exporter ran at most of the window.
+    for n, value in read.items():
+        end = at - n * STRETCH_S
+        if slow[0] <= end - STRETCH_S and end <= slow[1]:
+            assert value == pytest.approx(0.030, rel=1e-6), n
+        elif end <= slow[0] or end - STRETCH_S >= slow[1]:
+            assert value == pytest.approx(0.020, rel=1e-6), n
+    assert statistics.median(by_stretch(answer)) == pytest.approx(0.020, rel=1e-6)
+    # At least half of the slow time falls in one stretch's scrapes (30 ms over 2 of its 4 s).
+    assert max(read.values()) >= 0.025 * (1 - 1e-6), "the slow time is seen"

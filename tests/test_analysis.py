@@ -399,3 +399,58 @@ def test_the_live_window_is_cut_at_the_analysis_start() -> None:
     assert live_window("5m", 1000, 1060.7) == "60s"
     assert live_window("5m", 1000, 1300) == "5m"
     assert live_window("20s", 1000, 1010) == "10s"
+
+
+def stretched(measured: Measurement, *steps: float) -> Measurement:
+    """`measured` with the window cut into stretches whose mean step times are `steps`, and the
+    whole window's sum and count made of them (each stretch the same number of steps)."""
+    each = (measured.steps or 0) / len(steps)
+    return replace(
+        measured, stretch_step_seconds=steps, step_seconds_sum=sum(s * each for s in steps)
+    )
+
+
+def test_a_stretch_of_load_on_the_canary_s_machine_does_not_decide_alone() -> None:
+    # The same pair on both; for two of the window's six stretches something else ran on the
+    # canary's CPU and its steps took 25 % longer: 1.08x over the whole window's mean, 1.00x
+    # by the median of the stretches.
+    stable = stretched(PAIR, *[0.012] * 6)
+    canary = stretched(PAIR, 0.015, 0.015, 0.012, 0.012, 0.012, 0.012)
+    assert canary.mean_step_seconds == pytest.approx(0.013)
+    assert canary.step_seconds == pytest.approx(0.012)
+    verdict = judge_interval(canary, stable, True, CRITERIA)
+    assert verdict.result == Result.PASS, verdict.message
+    assert "4.0 ms per token vs the stable's 4.0 ms (1.00x, the median step of 6 stretches)" in (
+        verdict.message
+    )
+    # Three stretches of six at 35 % longer: 1.17x over the window's mean, and the median
+    # (1.175x) is slow too. A slowdown that lasts half the window decides.
+    canary = stretched(PAIR, 0.0162, 0.0162, 0.0162, 0.012, 0.012, 0.012)
+    verdict = judge_interval(canary, stable, True, CRITERIA)
+    assert verdict.result == Result.FAIL
+    assert "time per output token 4.7 ms is 1.18x the stable's 4.0 ms" in verdict.message
+
+
+def test_a_draft_slow_in_every_stretch_fails_by_the_median_as_by_the_mean() -> None:
+    stable = stretched(TARGET_ALONE, *[0.008] * 5)
+    slow = served(0.040, k=3, accepted_per_step=3).measurement()
+    verdict = judge_interval(stretched(slow, *[0.040] * 5), stable, False, CRITERIA)
+    assert verdict.result == Result.FAIL
+    assert verdict.message == (
+        "time per output token 10.0 ms is 1.25x the stable's 8.0 ms, the median step of 5 "
+        "stretches (more than 1.10x)"
+    )
+    assert verdict.time_per_output_token == pytest.approx(0.010)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2])
+def test_fewer_than_three_stretches_are_judged_on_the_window_s_mean(count: int) -> None:
+    stable = stretched(PAIR, *[0.012] * 3)
+    # A window whose mean step is 15 % slower, with fewer stretches than a median needs.
+    canary = replace(PAIR, step_seconds_sum=(PAIR.step_seconds_sum or 0) * 1.15)
+    canary = replace(canary, stretch_step_seconds=(0.012,) * count)
+    assert canary.step_seconds == pytest.approx(0.0138)
+    verdict = judge_interval(canary, stable, True, CRITERIA)
+    assert verdict.result == Result.FAIL, verdict.message
+    assert "1.15x" in verdict.message
+    assert "stretches" not in verdict.message

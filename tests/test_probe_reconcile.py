@@ -49,7 +49,7 @@ class ProbedWorld(World):
             self.kube,  # type: ignore[arg-type]
             OperatorConfig(),
             lambda _b, type_, reason, message: self.events.append((type_, reason, message)),
-            measure=lambda _ns, revision, _window: self.measured.get(revision, NOTHING),
+            measure=lambda _ns, revision, _window, _stretch: self.measured.get(revision, NOTHING),
             measure_probe=lambda _ns, revision: self.probes.get(revision),
             clock=lambda: self.now,
         )

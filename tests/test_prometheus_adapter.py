@@ -48,8 +48,17 @@ ANSWERS: dict[str, str | list[tuple[dict[str, str], str]]] = {
     "engine_steps": "440",
     "finished": "40",
     "failed": "2",
+    # Newest first once read; a stretch without steps is NaN.
+    "stretch_step_seconds": [
+        ({"stretch": "2"}, "0.030"),
+        ({"stretch": "0"}, "0.031"),
+        ({"stretch": "3"}, "NaN"),
+        ({"stretch": "1"}, "0.045"),
+    ],
 }
-QUERIES = {query: name for name, query in measurement_queries("serving", "abc123", "5m").items()}
+QUERIES = {
+    query: name for name, query in measurement_queries("serving", "abc123", "5m", "1m").items()
+}
 
 
 def autotune_answers(revision: str, scraped_max: str) -> dict[str, str]:
@@ -123,6 +132,50 @@ def test_a_series_first_seen_inside_the_window_counts_from_zero() -> None:
     metric = "vllm:spec_decode_num_draft_tokens_total"
     assert window_increase(metric, SELECTOR, "5m") == counted(metric)
     assert revision_selector("serving", "abc123") == SELECTOR
+
+
+def test_a_window_ending_earlier_is_counted_the_same_way() -> None:
+    metric = "vllm:inter_token_latency_seconds_sum"
+    shifted = window_increase(metric, SELECTOR, "1m", ago=120)
+    series = f"{metric}{SELECTOR}[1m] offset 120s"
+    seen_before = f"present_over_time({metric}{SELECTOR}[1m] offset 180s)"
+    assert shifted == (
+        f"sum ((increase({series}) and {seen_before}) or "
+        f"(last_over_time({series}) unless {seen_before}))"
+    )
+
+
+def stretch(ago: int, length: str) -> str:
+    return (
+        f"label_replace("
+        f"{window_increase(INTER_TOKEN_LATENCY_SUM, SELECTOR, length, ago=ago)} / "
+        f"{window_increase(INTER_TOKEN_LATENCY_COUNT, SELECTOR, length, ago=ago)}, "
+        f'"stretch", "{ago // int(length[:-1])}", "", "")'
+    )
+
+
+@pytest.mark.parametrize(
+    ("window", "interval", "stretches"),
+    [
+        # The defaults: five stretches of one interval, tiling the window back from now.
+        ("5m", "60s", [(0, "60s"), (60, "60s"), (120, "60s"), (180, "60s"), (240, "60s")]),
+        # A window cut at a live canary's start, not a whole number of intervals: as many
+        # stretches as whole intervals, of whole seconds, from now back (the oldest 2 s left
+        # out).
+        ("35s", "10s", [(0, "11s"), (11, "11s"), (22, "11s")]),
+        # More intervals than MAX_STRETCHES: ten longer stretches.
+        ("1h", "30s", [(n * 360, "360s") for n in range(10)]),
+        # A window shorter than an interval: one stretch, the whole window.
+        ("5s", "10s", [(0, "5s")]),
+    ],
+)
+def test_the_step_time_is_read_per_stretch_of_the_window(
+    window: str, interval: str, stretches: list[tuple[int, str]]
+) -> None:
+    query = measurement_queries("serving", "abc123", window, interval)["stretch_step_seconds"]
+    assert query == " or ".join(stretch(ago, length) for ago, length in stretches)
+    # Without the interval, no stretches are asked for.
+    assert "stretch_step_seconds" not in measurement_queries("serving", "abc123", window)
 
 
 def test_the_sum_is_grouped_by_the_labels_asked_for() -> None:
@@ -217,14 +270,18 @@ def test_queries_select_the_revision_by_namespace_and_label() -> None:
 
 
 def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:
-    measured = PrometheusReader(prometheus).measure("serving", "abc123", "5m")
+    measured = PrometheusReader(prometheus).measure("serving", "abc123", "5m", "1m")
     assert measured.error is None
     assert measured.acceptance_rate == pytest.approx(0.75)
     assert measured.mean_acceptance_length == pytest.approx(2.5)
     assert measured.draft_tokens == pytest.approx(4200)
     # Accepted at each position over the drafts, position 0 first.
     assert measured.acceptance_per_position == pytest.approx((0.9, 0.6))
+    # The stretches newest first, the one without steps left out; the median of three is
+    # judged, the window's mean (12.4 s / 400 steps) is kept beside it.
+    assert measured.stretch_step_seconds == pytest.approx((0.031, 0.045, 0.030))
     assert measured.step_seconds == pytest.approx(0.031)
+    assert measured.mean_step_seconds == pytest.approx(0.031)
     assert measured.tokens_per_step == pytest.approx(2.5)  # (1040 - 40) / 400
     assert measured.time_per_output_token == pytest.approx(0.0124)
     assert measured.time_to_first_token is None

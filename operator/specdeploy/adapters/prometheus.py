@@ -30,7 +30,13 @@ from requests.exceptions import RequestException
 from urllib3.util.retry import Retry
 
 from specdeploy.api.contract import PROBE_GAUGES, PROBE_METRIC_PREFIX, PROBE_PER_POSITION_GAUGE
-from specdeploy.plan.rollout.analysis import Measurement, acceptance_by_position, running_batch
+from specdeploy.plan.rollout.analysis import (
+    MAX_STRETCHES,
+    Measurement,
+    acceptance_by_position,
+    duration_seconds,
+    running_batch,
+)
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement
 from specdeploy.plan.rollout.probe import ProbeResult
 
@@ -72,10 +78,13 @@ def revision_selector(namespace: str, revision: str) -> str:
     return f"{{namespace={json.dumps(namespace)},{REVISION_LABEL}={json.dumps(revision)}}}"
 
 
-def window_increase(metric: str, selector: str, window: str, by: Sequence[str] = ()) -> str:
+def window_increase(
+    metric: str, selector: str, window: str, by: Sequence[str] = (), ago: int = 0
+) -> str:
     """The PromQL of how much the counter `metric` grew over the last `window` (a PromQL
     duration such as "5m"), summed over the series `selector` picks, one sum per value of the
-    labels `by` (e.g. `("le",)` for a histogram's buckets).
+    labels `by` (e.g. `("le",)` for a histogram's buckets); with `ago` (seconds), over the
+    `window` that ended that long ago.
 
     Each series counts in one of two ways, decided by whether Prometheus holds a sample of it in
     the window before this one (`present_over_time(...[window] offset window)`):
@@ -95,8 +104,10 @@ def window_increase(metric: str, selector: str, window: str, by: Sequence[str] =
     """
     if not _METRIC_NAME.fullmatch(metric):
         raise ValueError(f"not a metric name: {metric!r}")
-    series = f"{metric}{selector}[{window}]"
-    seen_before = f"present_over_time({series} offset {window})"
+    shift = f" offset {ago}s" if ago else ""
+    before = f"{round(duration_seconds(window)) + ago}s" if ago else window
+    series = f"{metric}{selector}[{window}]{shift}"
+    seen_before = f"present_over_time({metric}{selector}[{window}] offset {before})"
     grouping = f" by ({', '.join(by)})" if by else ""
     return (
         f"sum{grouping} ((increase({series}) and {seen_before}) or "
@@ -114,16 +125,45 @@ def _mean_step_seconds(selector: str, window: str) -> str:
     )
 
 
-def measurement_queries(namespace: str, revision: str, window: str) -> dict[str, str]:
+def stretch_step_seconds(selector: str, window: str, stretch: str) -> str:
+    """The mean decode step time of each stretch of `window`: the window cut, from now back,
+    into stretches of `stretch` (the analysis interval), at most MAX_STRETCHES (longer ones
+    when it would hold more), each the inter-token latency's sum over its count in that
+    stretch. One query: a vector of one sample per stretch that held steps, labelled `stretch`
+    ("0" the newest)."""
+    whole = round(duration_seconds(window))
+    count = max(1, min(MAX_STRETCHES, whole // max(1, round(duration_seconds(stretch)))))
+    length = f"{whole // count}s"
+
+    def counted(metric: str, ago: int) -> str:
+        return window_increase(metric, selector, length, ago=ago)
+
+    return " or ".join(
+        f"label_replace({counted(INTER_TOKEN_LATENCY_SUM, ago)} / "
+        f'{counted(INTER_TOKEN_LATENCY_COUNT, ago)}, "stretch", "{n}", "", "")'
+        for n, ago in ((n, n * (whole // count)) for n in range(count))
+    )
+
+
+def measurement_queries(
+    namespace: str, revision: str, window: str, stretch: str | None = None
+) -> dict[str, str]:
     """The PromQL of each figure, for one revision over `window` (e.g. "5m"): counters and
-    histograms' sums and counts, never a quantile (plan.rollout.analysis says why)."""
+    histograms' sums and counts, never a quantile (plan.rollout.analysis says why); with
+    `stretch` (the analysis interval), the step time of each stretch of the window too."""
     selector = revision_selector(namespace, revision)
     failed = selector[:-1] + ',finished_reason=~"error|abort"}'
 
     def counted(metric: str, matchers: str = selector) -> str:
         return window_increase(metric, matchers, window)
 
+    stretches = (
+        {"stretch_step_seconds": stretch_step_seconds(selector, window, stretch)}
+        if stretch is not None
+        else {}
+    )
     return {
+        **stretches,
         "acceptance_rate": f"{counted(ACCEPTED_TOKENS)} / {counted(DRAFT_TOKENS)}",
         "mean_acceptance_length": f"1 + {counted(ACCEPTED_TOKENS)} / {counted(DRAFTS)}",
         "draft_tokens": counted(DRAFT_TOKENS),
@@ -208,6 +248,13 @@ def accepted_by_position(result: list[dict[str, Any]]) -> tuple[float, ...]:
     return tuple(found.get(i, 0.0) for i in range(max(found) + 1))
 
 
+def by_stretch(result: list[dict[str, Any]]) -> tuple[float, ...]:
+    """The stretches' step times of a `stretch_step_seconds` answer, newest first; a stretch
+    without steps (NaN) is left out."""
+    found = sorted((int(_label(s, "stretch")), float(s["value"][1])) for s in result)
+    return tuple(value for _, value in found if not math.isnan(value))
+
+
 def _cause(error: Exception) -> str:
     """Why a query failed, in one short line: for a request that got no answer, urllib3's
     reason (a timeout, a refused connection) without the URL that requests puts around it."""
@@ -247,11 +294,16 @@ class PrometheusReader:
         value = float(result[0]["value"][1])
         return None if math.isnan(value) else value  # NaN: nothing in the window
 
-    def measure(self, namespace: str, revision: str, window: str) -> Measurement:
-        """The revision's figures over `window`; a failed query is a Measurement with `error`."""
-        queries = measurement_queries(namespace, revision, window)
+    def measure(
+        self, namespace: str, revision: str, window: str, stretch: str | None = None
+    ) -> Measurement:
+        """The revision's figures over `window`, with the step time of each of its stretches
+        when `stretch` is given; a failed query is a Measurement with `error`."""
+        queries = measurement_queries(namespace, revision, window, stretch)
         try:
             accepted = accepted_by_position(self._vector(queries.pop("accepted_per_position")))
+            split = queries.pop("stretch_step_seconds", None)
+            stretches = by_stretch(self._vector(split)) if split is not None else ()
             found = {name: self._instant(query) for name, query in queries.items()}
         except PrometheusUnavailableError as error:
             return Measurement(error=str(error))
@@ -262,6 +314,7 @@ class PrometheusReader:
             acceptance_per_position=acceptance_by_position(accepted, found["drafts"]),
             step_seconds_sum=found["step_seconds_sum"],
             steps=found["steps"],
+            stretch_step_seconds=stretches,
             output_tokens=found["output_tokens"],
             first_token_seconds_sum=found["first_token_seconds_sum"],
             first_tokens=found["first_tokens"],

@@ -1068,13 +1068,15 @@ class Verdict(ApiModel):
     step_seconds: float | None = Field(
         default=None,
         description=(
-            "Mean decode step time (vLLM's inter-token latency sum over its count: one "
-            "observation per step of each running sequence)."
+            "Decode step time as judged: the median of the window's stretches (one analysis "
+            "interval each), each vLLM's inter-token latency sum over its count (one "
+            "observation per step of each running sequence); the window's mean with fewer "
+            "than three stretches."
         ),
     )
     time_per_output_token_seconds: float | None = Field(
         default=None,
-        description="Mean step time over the tokens a step emits: the latency a user feels.",
+        description="Step time over the tokens a step emits: the latency a user feels.",
     )
     stable_time_per_output_token_seconds: float | None = Field(
         default=None, description="The stable's, over the same window."

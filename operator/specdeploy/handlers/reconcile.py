@@ -64,8 +64,9 @@ POD_MONITOR_API_VERSION = "monitoring.coreos.com/v1"
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 
 
-# (namespace, revision, window) -> what Prometheus measured of the revision's pods.
-Measure = Callable[[str, str, str], Measurement]
+# (namespace, revision, window, stretch) -> what Prometheus measured of the revision's pods,
+# with the step time of each stretch of the window (stretch: the analysis interval).
+Measure = Callable[[str, str, str, str], Measurement]
 # (namespace, revision, window) -> the autotuner's inputs for the revision's pods.
 MeasureAutotune = Callable[[str, str, str], AutotuneMeasurement]
 # (namespace, revision) -> what the revision's pods measured on the probe (None: nothing yet).
@@ -284,7 +285,8 @@ class Reconciler:
         analysis window, cut at a live canary's start (plan.rollout.analysis.live_window)."""
         if not watches_acceptance(sd.spec):
             return {}
-        window = self.config.analysis_for(sd.spec.rollout.analysis).window
+        settings = self.config.analysis_for(sd.spec.rollout.analysis)
+        window = settings.window
         analysis = sd.status.analysis if sd.status else None
         if (
             analysis is not None
@@ -303,7 +305,7 @@ class Reconciler:
         )
         namespace, name = sd.metadata.namespace or "", sd.metadata.name or ""
         measured = {
-            r.revision: self.measure(namespace, r.revision, window)
+            r.revision: self.measure(namespace, r.revision, window, settings.interval)
             for r in serving
             if r.ready_replicas > 0
         }

@@ -13,12 +13,15 @@ Conventions (docs/operator.md compares them with Argo Rollouts', Flagger's and O
   next at 25 ms, which no 10 % bound can resolve).
 - Latency is judged per output token, what a user feels: vLLM observes its inter-token latency
   once per engine step of each sequence however many tokens the step emitted, so a speculative
-  step is longer than a target-only one and emits more. Time per output token = decode time
-  (the inter-token latency's sum) over the tokens decoded after each request's first
-  (generation tokens minus first tokens): the canary's and the stable's over the same window,
-  each at its own mean step time. When both revisions ran the same probe, each revision's
-  tokens per step come from the probe's identical prompts instead of the window's traffic, so
-  a different prompt mix cannot decide (plan/probe.py).
+  step is longer than a target-only one and emits more. Time per output token = step time over
+  tokens per step, the tokens decoded after each request's first (generation tokens minus
+  first tokens) over the steps: the canary's and the stable's over the same window. The step
+  time is the median of the window's stretches (one analysis interval each, at most ten): each
+  stretch's inter-token latency sum over its count, exact, so a stretch of load that slows one
+  revision's machine for less than half the window does not decide, and a slowdown that lasts
+  does; with fewer than three stretches, the window's mean. When both revisions ran the same
+  probe, each revision's tokens per step come from the probe's identical prompts instead of
+  the window's traffic, so a different prompt mix cannot decide (plan/probe.py).
 - Fail when any criterion fails, all of them named: acceptance below `minAcceptanceRate`;
   acceptance more than `maxDropVsStable` below a stable with a draft (on the probe's prompts
   when both ran it, else on live traffic); time per output token more than
@@ -47,11 +50,17 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from specdeploy.api.config import AnalysisSettings
+
+#: The most stretches a window is cut into for the step time, and the fewest whose median is
+#: judged (fewer: the window's mean; the median of two is their mean anyway).
+MAX_STRETCHES = 10
+MIN_STRETCHES = 3
 
 
 class Result(StrEnum):
@@ -171,13 +180,27 @@ class Measurement:
     #: whose finished_reason was error or abort.
     finished: float | None = None
     failed: float | None = None
+    #: The mean decode step time of each stretch of the window (the window cut into stretches of
+    #: one analysis interval each, at most MAX_STRETCHES, newest first), where the stretch held
+    #: steps: each stretch's inter-token latency sum over its count.
+    stretch_step_seconds: tuple[float, ...] = ()
     #: Set when a query failed (Prometheus unreachable, a bad answer).
     error: str | None = None
 
     @property
-    def step_seconds(self) -> float | None:
-        """Mean decode step time of a sequence."""
+    def mean_step_seconds(self) -> float | None:
+        """Mean decode step time of a sequence over the whole window."""
         return _ratio(self.step_seconds_sum, self.steps)
+
+    @property
+    def step_seconds(self) -> float | None:
+        """The decode step time as judged: the median of the stretches' mean step times when
+        the window held at least MIN_STRETCHES of them, so that a stretch of load on one
+        revision's machine shorter than half the window does not decide alone; else the whole
+        window's mean."""
+        if len(self.stretch_step_seconds) >= MIN_STRETCHES:
+            return statistics.median(self.stretch_step_seconds)
+        return self.mean_step_seconds
 
     @property
     def decode_tokens(self) -> float | None:
@@ -195,8 +218,10 @@ class Measurement:
 
     @property
     def time_per_output_token(self) -> float | None:
-        """Decode time per decoded token: the latency a user feels, per token."""
-        return _ratio(self.step_seconds_sum, self.decode_tokens)
+        """Decode time per decoded token, the latency a user feels per token: the step time as
+        judged over the window's tokens per step (over the whole window's mean step time, the
+        decode time over the tokens decoded)."""
+        return _ratio(self.step_seconds, self.tokens_per_step)
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -212,6 +237,13 @@ class Measurement:
         return _ratio(self.failed or 0.0, self.finished)
 
 
+def _stretches(measured: Measurement) -> str:
+    found = measured.stretch_step_seconds
+    if len(found) < MIN_STRETCHES:
+        return ""
+    return f" (median {(measured.step_seconds or 0) * 1000:.1f} ms of {len(found)} stretches)"
+
+
 def describe_measurement(measured: Measurement) -> str:
     """One line of every figure of a measurement, "n/a" where Prometheus gave none."""
     if measured.error is not None:
@@ -223,7 +255,7 @@ def describe_measurement(measured: Measurement) -> str:
     return (
         f"acceptance {shown(measured.acceptance_rate)}, {measured.draft_tokens:,.0f} draft "
         f"tokens, {shown(measured.tokens_per_step)} tokens a step, mean step "
-        f"{shown(measured.step_seconds, ' ms', 1000, 1)}, "
+        f"{shown(measured.mean_step_seconds, ' ms', 1000, 1)}{_stretches(measured)}, "
         f"{shown(measured.time_per_output_token, ' ms', 1000, 2)} per token, first token "
         f"{shown(measured.time_to_first_token, ' ms', 1000, 1)}, batch "
         f"{shown(measured.batch_size)}, errors {shown(measured.error_rate, '%', 100, 1)}"
@@ -423,6 +455,9 @@ def _judge_latency(
     figures: list[str] = []
     missing: list[str] = []
     on = " on the probe's tokens per step" if probe else ""
+    stretches = min(len(canary.stretch_step_seconds), len(stable.stretch_step_seconds))
+    if stretches >= MIN_STRETCHES:
+        on += f", the median step of {stretches} stretches"
     per_token = _ratio(mine, theirs)
     if mine is None or theirs is None or per_token is None:
         missing.append("time per output token not measured on both revisions")
