@@ -100,15 +100,36 @@ class FakePrometheus(BaseHTTPRequestHandler):
         """Quiet."""
 
 
-@pytest.fixture
-def prometheus() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
+class BehindAProxy(FakePrometheus):
+    """Refuses a long request line with 414, as a proxy in front of Prometheus does (nginx
+    from 8 KiB by default; 4 KiB here, between the stretches' query and the longest other)."""
+
+    def do_GET(self) -> None:
+        if len(self.path) > 4096:
+            self.send_response(414)
+            self.end_headers()
+            return
+        super().do_GET()
+
+
+def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_port}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def proxied() -> Iterator[str]:
+    yield from serve(BehindAProxy)
+
+
+@pytest.fixture
+def prometheus() -> Iterator[str]:
+    yield from serve(FakePrometheus)
 
 
 SELECTOR = '{namespace="serving",specdeploy_dev_revision="abc123"}'
@@ -287,6 +308,23 @@ def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:
     assert measured.time_to_first_token is None
     assert measured.batch_size == pytest.approx(1.0)  # (400 + 40) / 440
     assert measured.error_rate == pytest.approx(0.05)
+
+
+def test_a_refused_stretches_query_leaves_the_window_s_mean_to_judge(
+    proxied: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    reader = PrometheusReader(proxied)
+    for _ in range(2):
+        measured = reader.measure("serving", "abc123", "5m", "1m")
+        # Every other figure read; no stretches, so the step time is the window's mean.
+        assert measured.error is None
+        assert measured.stretch_step_seconds == ()
+        assert measured.acceptance_rate == pytest.approx(0.75)
+        assert measured.step_seconds == pytest.approx(0.031)
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1, warned  # once per cause
+    assert "414" in warned[0].getMessage()
+    assert "the window's mean step time is judged" in warned[0].getMessage()
 
 
 def test_no_traffic_gives_no_rate(prometheus: str) -> None:

@@ -277,6 +277,8 @@ class PrometheusReader:
         self.client = PrometheusConnect(
             url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout
         )
+        #: Why the stretches' query failed, each cause logged once as a warning.
+        self._stretches_failed: set[str] = set()
 
     def _vector(self, query: str) -> list[dict[str, Any]]:
         try:
@@ -298,15 +300,29 @@ class PrometheusReader:
         self, namespace: str, revision: str, window: str, stretch: str | None = None
     ) -> Measurement:
         """The revision's figures over `window`, with the step time of each of its stretches
-        when `stretch` is given; a failed query is a Measurement with `error`."""
+        when `stretch` is given; a failed query is a Measurement with `error`. When only the
+        stretches' query fails (its URL is several KiB long, which a proxy in front of
+        Prometheus may refuse), the figures come without stretches, so the window's mean step
+        time is judged, and the cause is logged."""
         queries = measurement_queries(namespace, revision, window, stretch)
+        split = queries.pop("stretch_step_seconds", None)
         try:
             accepted = accepted_by_position(self._vector(queries.pop("accepted_per_position")))
-            split = queries.pop("stretch_step_seconds", None)
-            stretches = by_stretch(self._vector(split)) if split is not None else ()
             found = {name: self._instant(query) for name, query in queries.items()}
         except PrometheusUnavailableError as error:
             return Measurement(error=str(error))
+        stretches: tuple[float, ...] = ()
+        if split is not None:
+            try:
+                stretches = by_stretch(self._vector(split))
+            except PrometheusUnavailableError as error:
+                said = str(error) not in self._stretches_failed
+                self._stretches_failed.add(str(error))
+                (log.warning if said else log.debug)(
+                    "the step time per stretch of the window was not read (%s): the "
+                    "window's mean step time is judged",
+                    error,
+                )
         return Measurement(
             acceptance_rate=found["acceptance_rate"],
             mean_acceptance_length=found["mean_acceptance_length"],
