@@ -115,13 +115,14 @@ def window_increase(
     )
 
 
-def _mean_step_seconds(selector: str, window: str) -> str:
+def _mean_step_seconds(selector: str, window: str, ago: int = 0) -> str:
     """The mean decode step time: the inter-token latency's sum over its count (vLLM observes
-    it once per decode step of each sequence). The canary's throughput verdict and the
-    autotuner's step costs both read this figure."""
+    it once per decode step of each sequence), over the `window` that ended `ago` seconds
+    ago. The autotuner's step costs read it over the window, the canary's verdicts over each
+    stretch of it (`stretch_step_seconds`)."""
     return (
-        f"{window_increase(INTER_TOKEN_LATENCY_SUM, selector, window)} / "
-        f"{window_increase(INTER_TOKEN_LATENCY_COUNT, selector, window)}"
+        f"{window_increase(INTER_TOKEN_LATENCY_SUM, selector, window, ago=ago)} / "
+        f"{window_increase(INTER_TOKEN_LATENCY_COUNT, selector, window, ago=ago)}"
     )
 
 
@@ -133,15 +134,11 @@ def stretch_step_seconds(selector: str, window: str, stretch: str) -> str:
     ("0" the newest)."""
     whole = round(duration_seconds(window))
     count = max(1, min(MAX_STRETCHES, whole // max(1, round(duration_seconds(stretch)))))
-    length = f"{whole // count}s"
-
-    def counted(metric: str, ago: int) -> str:
-        return window_increase(metric, selector, length, ago=ago)
-
+    each = whole // count
     return " or ".join(
-        f"label_replace({counted(INTER_TOKEN_LATENCY_SUM, ago)} / "
-        f'{counted(INTER_TOKEN_LATENCY_COUNT, ago)}, "stretch", "{n}", "", "")'
-        for n, ago in ((n, n * (whole // count)) for n in range(count))
+        f"label_replace({_mean_step_seconds(selector, f'{each}s', ago=n * each)}, "
+        f'"stretch", "{n}", "", "")'
+        for n in range(count)
     )
 
 
