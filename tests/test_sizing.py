@@ -232,6 +232,36 @@ def test_inventory_reads_whole_gpus_mig_slices_and_skips_cpu_and_cordoned_nodes(
     }
 
 
+def versioned(body: dict[str, Any], version: str) -> dict[str, Any]:
+    return {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
+
+
+def test_a_node_is_parsed_once_per_resource_version() -> None:
+    slices = node("m", H100, {"nvidia.com/mig-3g.40gb": "7"})
+    [first] = read_gpu_inventories([versioned(slices, "10")])
+    [again] = read_gpu_inventories([versioned(slices, "10")])
+    assert again is first  # not parsed again
+    # The node changed: a new resourceVersion, read afresh.
+    fewer = node("m", H100, {"nvidia.com/mig-3g.40gb": "3"})
+    [changed] = read_gpu_inventories([versioned(fewer, "11")])
+    assert [(o.profile.name, o.count) for o in changed.mig_offers] == [("3g.40gb", 3)]
+    # Cordoned at the next version: offers nothing, unless cordoned nodes are asked for.
+    cordoned = versioned(node("m", H100, {"nvidia.com/mig-3g.40gb": "3"}, unschedulable=True), "12")
+    assert read_gpu_inventories([cordoned]) == []
+    [kept] = read_gpu_inventories([cordoned], include_cordoned=True)
+    assert kept.node_name == "m"
+    assert read_gpu_inventories([cordoned]) == []
+    # Another catalog reads the node for itself: here one without the H100's MIG profiles.
+    other = [p for p in GPU_PRODUCTS if p.name != H100]
+    assert read_gpu_inventories([versioned(slices, "10")], other)[0] is not first
+
+
+def test_a_node_without_a_resource_version_is_always_parsed() -> None:
+    [first] = read_gpu_inventories([node("n", H100, {"nvidia.com/gpu": "8"})])
+    [second] = read_gpu_inventories([node("n", H100, {"nvidia.com/gpu": "4"})])
+    assert (first.whole_gpus, second.whole_gpus) == (8, 4)
+
+
 def test_inventory_of_a_node_without_gpus_is_none() -> None:
     assert read_gpu_inventory(node("cpu", None, {"nvidia.com/gpu": "0"})) is None
 

@@ -316,8 +316,45 @@ def read_gpu_inventories(
 ) -> list[GpuNodeInventory]:
     """Reads every node that offers GPUs or MIG slices, in node-name order."""
     catalog = tuple(catalog)
-    found = (read_gpu_inventory(n, catalog, include_cordoned=include_cordoned) for n in nodes)
+    held = _READ.get(catalog)
+    if held is None:
+        if len(_READ) >= _CATALOGS_HELD:
+            _READ.clear()
+        held = _READ[catalog] = {}
+    found = (_read_once(n, catalog, include_cordoned, held) for n in nodes)
     return sorted((i for i in found if i is not None), key=lambda i: i.node_name)
+
+
+#: The inventories read, by catalog, then by (node uid or name, cordoned ones too): the
+#: resourceVersion read and what it gave. Every reconcile reads every node, and nodes seldom
+#: change: a node at the resourceVersion read before is not parsed again (at 1,000 SDs on 67
+#: nodes, parsing them was 44 % of a resync's reconcile time). One entry per node, replaced when
+#: its version moves; a node without a resourceVersion is always parsed.
+_Held = dict[tuple[str, bool], tuple[str, "GpuNodeInventory | None"]]
+_READ: dict[tuple[GpuProduct, ...], _Held] = {}
+_CATALOGS_HELD = 8
+_NODES_HELD = 20_000
+
+
+def _read_once(
+    node: Mapping[str, Any],
+    catalog: tuple[GpuProduct, ...],
+    include_cordoned: bool,
+    held: _Held,
+) -> GpuNodeInventory | None:
+    metadata = node.get("metadata") or {}
+    version = metadata.get("resourceVersion")
+    if not version:
+        return read_gpu_inventory(node, catalog, include_cordoned=include_cordoned)
+    key = (str(metadata.get("uid") or metadata.get("name")), include_cordoned)
+    before = held.get(key)
+    if before is not None and before[0] == version:
+        return before[1]
+    found = read_gpu_inventory(node, catalog, include_cordoned=include_cordoned)
+    if len(held) >= _NODES_HELD:
+        held.clear()
+    held[key] = (str(version), found)
+    return found
 
 
 def catalog_with_overrides(
