@@ -8,6 +8,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.handlers.run import EventPoster
 
 SD = {
@@ -56,7 +57,8 @@ def test_a_refused_event_is_logged_and_the_next_ones_still_go() -> None:
 
 def test_beyond_the_backlog_events_are_dropped_not_waited_for() -> None:
     api = SlowApi()
-    poster = EventPoster(api, "op-1", backlog=2)
+    metrics = OperatorMetrics()
+    poster = EventPoster(api, "op-1", backlog=2, on_drop=metrics.events_dropped.inc)
     poster(SD, "Normal", "First", "m")  # taken by the thread, held in its POST
     while not poster._waiting.empty():  # the thread took it
         threading.Event().wait(0.001)
@@ -65,3 +67,5 @@ def test_beyond_the_backlog_events_are_dropped_not_waited_for() -> None:
     api.first.set()
     poster.close()
     assert api.posted == ["ns/First", "ns/A", "ns/B"]
+    # Counted where a person watching the operator sees them.
+    assert metrics.registry.get_sample_value("specdeploy_events_dropped_total") == 2

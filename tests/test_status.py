@@ -190,6 +190,26 @@ def test_condition_events_skip_unknown_and_expected_not_ready() -> None:
     assert condition_events(ready, ready) == []
 
 
+def test_a_new_sds_first_status_posts_only_its_warnings() -> None:
+    start = [
+        {"type": "Ready", "status": "True", "reason": "AllReplicasReady", "message": "1/1"},
+        {"type": "Sized", "status": "True", "reason": "Sized", "message": "1 x nvidia.com/gpu"},
+        {"type": "Admitted", "status": "True", "reason": "NoQueue", "message": "no queue"},
+        {"type": "Speculating", "status": "False", "reason": "DisabledBySpec", "message": ""},
+    ]
+    assert condition_events([], start) == []
+    unsized = [{**start[1], "status": "False", "reason": "Unschedulable", "message": "976 GiB"}]
+    assert [(e.reason, e.warning) for e in condition_events([], unsized)] == [
+        ("Unschedulable", True)
+    ]
+    # After the first status, each change is news again, Normal ones too.
+    enabled = [{**start[3], "status": "True", "reason": "SpeculationEnabled"}]
+    assert [(e.reason, e.warning) for e in condition_events(start, enabled)] == [
+        ("SpeculationEnabled", False)
+    ]
+    assert [e.reason for e in condition_events(unsized, start[1:2])] == ["Sized"]
+
+
 def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     found: dict[str, Any] = next(c for c in status["conditions"] if c["type"] == type_)
     return found

@@ -9,6 +9,7 @@ analyses decide.
 | `specdeploy_reconciles_total` | counter | `result` (ok, error) |
 | `specdeploy_reconcile_duration_seconds` | histogram | |
 | `specdeploy_api_writes_total` | counter | |
+| `specdeploy_events_dropped_total` | counter | |
 | `specdeploy_analysis_verdicts_total` | counter | `result` (Pass, Fail, Inconclusive) |
 | `specdeploy_canary_promotions_total` | counter | |
 | `specdeploy_canary_rollbacks_total` | counter | |
@@ -53,6 +54,11 @@ class OperatorMetrics:
         self.api_writes = Counter(
             "specdeploy_api_writes",
             "Non-GET requests the operator sent to the Kubernetes API.",
+            registry=self.registry,
+        )
+        self.events_dropped = Counter(
+            "specdeploy_events_dropped",
+            "Kubernetes Events dropped unposted: too many were waiting (Events are best effort).",
             registry=self.registry,
         )
         self.verdicts = Counter(

@@ -113,9 +113,16 @@ class EventPoster:
     reconcile writes. A failure to post is logged, never raised; `close` posts what is waiting.
     """
 
-    def __init__(self, create: CreateEvent, instance: str, backlog: int = EVENT_BACKLOG) -> None:
+    def __init__(
+        self,
+        create: CreateEvent,
+        instance: str,
+        backlog: int = EVENT_BACKLOG,
+        on_drop: Callable[[], object] = lambda: None,
+    ) -> None:
         self.create = create
         self.instance = instance
+        self.on_drop = on_drop
         self._waiting: queue.Queue[dict[str, Any] | None] = queue.Queue(backlog)
         self._thread = threading.Thread(target=self._post_each, name="events", daemon=True)
         self._thread.start()
@@ -148,6 +155,7 @@ class EventPoster:
         try:
             self._waiting.put_nowait(event)
         except queue.Full:
+            self.on_drop()
             log.warning("event %s about %s/%s dropped: too many waiting", reason, namespace,
                         metadata.get("name"))  # fmt: skip
 
@@ -515,7 +523,9 @@ def main(args: argparse.Namespace) -> int:
     # kopf's per-object INFO lines are only the routing handlers' "succeeded", one per event.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     identity = default_identity()
-    post_event = EventPoster(event_creator(client.ApiClient()), identity)
+    post_event = EventPoster(
+        event_creator(client.ApiClient()), identity, on_drop=metrics.events_dropped.inc
+    )
     reconciler = Reconciler(kube, config, post_event, metrics=metrics)
     queues = Queues()
     registry = build_registry(cache, queues)

@@ -724,6 +724,12 @@ def condition_events(
     SD starts, "not ready yet" is expected; Sized and Admitted say why it cannot start), and
     as a Warning when it names why pods cannot start (an image, a Secret, memory, a node, a
     crash loop).
+
+    A new SD's first status (`before` empty) posts only its Warnings. The rest is how every SD
+    starts (sized, admitted or without a queue, speculating or not as its spec asks, Ready
+    with the rollout's own `RolloutComplete`) and stays in the conditions: at 1,000 new SDs
+    those four Events were more than half of the seven each posted, and the poster dropped
+    thousands of them.
     """
     was = {c.get("type"): c.get("status") for c in before}
     events: list[RolloutEvent] = []
@@ -740,11 +746,14 @@ def condition_events(
             and not start_failure
         ):
             continue
+        warning = status == "False" and (type_ in WARNING_WHEN_FALSE or start_failure)
+        if not before and not warning:
+            continue
         events.append(
             RolloutEvent(
                 reason=reason,
                 message=f"{type_}={status}: {condition.get('message', '')}",
-                warning=status == "False" and (type_ in WARNING_WHEN_FALSE or start_failure),
+                warning=warning,
             )
         )
     return events
