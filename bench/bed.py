@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 from kubernetes import client, watch
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.record import REPO
 from chart_harness import service_account_kubeconfig
@@ -312,6 +313,16 @@ def scrape(url: str) -> str:
 
 
 BUCKET = re.compile(r'^specdeploy_reconcile_duration_seconds_bucket\{le="([^"]+)"\} (\S+)$', re.M)
+
+
+def counter_total(metrics_text: str, name: str) -> float | None:
+    """The value of the sample `name` (a counter's `..._total`) in a metrics page; None when
+    the page has none."""
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    return None
 
 
 def reconcile_buckets(metrics_text: str) -> list[tuple[float, float]]:

@@ -32,6 +32,7 @@ from bench.bed import (
     Bed,
     audited,
     bucket_delta,
+    counter_total,
     histogram_quantile,
     log,
     raw_copy,
@@ -200,7 +201,10 @@ def scale_point(
         since = datetime.now(UTC)
         time.sleep(idle_s)
         until = datetime.now(UTC)
-        after = reconcile_buckets(scrape(metrics_url))
+        page = scrape(metrics_url)
+        after = reconcile_buckets(page)
+        # Events the operator could not post while the SDs came up (too many waiting).
+        point["events_dropped"] = counter_total(page, "specdeploy_events_dropped_total")
         point["rss_idle_mib"] = round(rss_mib(running.process.pid), 1)
         requests = audited(bed.env, username, since, until)
         minutes = (until - since).total_seconds() / 60
@@ -274,7 +278,13 @@ def scale_result(
         f"server's audit log over {idle_s:.0f}s idle; reconcile p50/p99 from the operator's "
         "histogram over the whole run (bucket interpolation)",
         "ready_timeout_s": ready_timeout,
-        "targets": {"rss_mib": 250, "idle_writes_per_min": 0, "resync_s": 30, "resync_writes": 0},
+        "targets": {
+            "rss_mib": 250,
+            "idle_writes_per_min": 0,
+            "resync_s": 30,
+            "resync_writes": 0,
+            "events_dropped": 0,
+        },
         "points": points,
     }
 

@@ -300,6 +300,8 @@ def scale_rows(scale: dict[str, Any] | None) -> list[tuple[str, str, str, str, s
          timed(largest.get("resync_s"), 30)),
         (f"P2 API writes of the resync at {sds} SDs", fmt(largest.get("resync_writes")), one,
          "0", load_text, verdict(largest.get("resync_writes"), 0)),
+        (f"P2 Events dropped while {sds} SDs came up", fmt(largest.get("events_dropped")), one,
+         "0", load_text, verdict(largest.get("events_dropped"), 0)),
         (f"P2 all Ready at {sds} SDs", f"{fmt(largest.get('all_ready_s'))} s "
          f"({largest.get('ready')} of {sds})", one, "—", load_text,
          "reached" if largest.get("all_ready_s") is not None else "**not all Ready**"),
@@ -529,6 +531,7 @@ def scale_table(scale: dict[str, Any] | None) -> str:
             fmt(p.get("reconciles_idle_per_min")),
             fmt(p.get("resync_s")),
             fmt(p.get("resync_writes")),
+            fmt(p.get("events_dropped")),
             fmt(p.get("reconcile_p50_s")),
             fmt(p.get("reconcile_p99_s")),
         )
@@ -537,7 +540,7 @@ def scale_table(scale: dict[str, Any] | None) -> str:
     header = [
         "SDs", "bench nodes", "all Ready (s)", "RSS idle (MiB)", "RSS after restart (MiB)",
         "idle reads/min", "idle writes/min", "reconciles/idle min", "resync (s)",
-        "resync writes", "reconcile p50 (s)", "reconcile p99 (s)",
+        "resync writes", "Events dropped", "reconcile p50 (s)", "reconcile p99 (s)",
     ]  # fmt: skip
     largest = points[-1]
     reads = largest.get("idle_requests") or {}

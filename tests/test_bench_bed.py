@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from bench.bed import deployment_ready, time_until
+from bench.bed import counter_total, deployment_ready, time_until
 
 
 def deployment(
@@ -102,3 +103,14 @@ def test_an_error_event_raises_the_servers_code_and_message_not_a_key_error() ->
         time_until(list_call([modified(0), gone]), deployment_ready, lambda: None, 5)
     assert raised.value.status == 410
     assert "too old resource version" in str(raised.value.reason)
+
+
+def test_a_counter_is_read_from_the_operators_metrics_page_and_none_when_absent() -> None:
+    registry = CollectorRegistry()
+    dropped = Counter("specdeploy_events_dropped", "dropped", registry=registry)
+    page = generate_latest(registry).decode()
+    assert counter_total(page, "specdeploy_events_dropped_total") == 0
+    dropped.inc(3)
+    page = generate_latest(registry).decode()
+    assert counter_total(page, "specdeploy_events_dropped_total") == 3
+    assert counter_total(page, "specdeploy_api_writes_total") is None
