@@ -375,6 +375,12 @@ LIMITS = {
         "reconcile per SD, 8 at a time, beside kopf's own listing of every watched kind, in "
         "one Python process on a shared CPU"
     ),
+    "P2 Events dropped": (
+        "one thread posts the operator's Events, one POST at a time, and holds at most 1,000 "
+        "waiting, dropping the rest (client-go's event recorder has the same bound, "
+        "maxQueuedEvents); 1,000 new SDs ask for about 3,000 within 4 minutes, while the same "
+        "Python process reconciles them and the API server on the same 2 CPUs writes them"
+    ),
     "P2 operator RSS": (
         "the process and its imports (about 90-105 MiB at 10 SDs), kopf's per-object worker "
         "tasks while events come, and the stores' compact JSON (about 11 KiB per SD); after a "
