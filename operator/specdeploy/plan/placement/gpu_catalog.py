@@ -230,7 +230,7 @@ def read_gpu_inventory(
     catalog = tuple(catalog)
     metadata = node.get("metadata") or {}
     labels: dict[str, str] = dict(metadata.get("labels") or {})
-    if _cordoned(node) and not include_cordoned:
+    if (node.get("spec") or {}).get("unschedulable") and not include_cordoned:
         return None
     allocatable: Mapping[str, Any] = (node.get("status") or {}).get("allocatable") or {}
     gpu_units = _quantity_count(allocatable.get(WHOLE_GPU_RESOURCE, 0))
@@ -321,41 +321,39 @@ def read_gpu_inventories(
         if len(_READ) >= _CATALOGS_HELD:
             _READ.clear()
         held = _READ[catalog] = {}
-    found = (_read_once(n, catalog, held) for n in nodes if include_cordoned or not _cordoned(n))
+    found = (_read_once(n, catalog, include_cordoned, held) for n in nodes)
     return sorted((i for i in found if i is not None), key=lambda i: i.node_name)
 
 
-def _cordoned(node: Mapping[str, Any]) -> bool:
-    return bool((node.get("spec") or {}).get("unschedulable"))
-
-
-#: The inventories read, by catalog, then by node uid (or name): the resourceVersion read and
-#: what it gave, cordoned or not (the callers leave cordoned nodes out). Every reconcile reads
-#: every node, and nodes seldom change: a node at the resourceVersion read before is not parsed
-#: again (at 1,000 SDs on 67 nodes, parsing them was 44 % of a resync's reconcile time). One
-#: entry per node, replaced when its version moves; a node without a resourceVersion is always
-#: parsed.
-_Held = dict[str, tuple[str, "GpuNodeInventory | None"]]
+#: The inventories read, by catalog, then by (node uid or name, cordoned ones too): the
+#: resourceVersion read and what it gave. Every reconcile reads every node, and nodes seldom
+#: change: a node at the resourceVersion read before is not parsed again (at 1,000 SDs on 67
+#: nodes, parsing them was 44 % of a resync's reconcile time). One entry per node, replaced when
+#: its version moves; a node without a resourceVersion is always parsed.
+_Held = dict[tuple[str, bool], tuple[str, "GpuNodeInventory | None"]]
 _READ: dict[tuple[GpuProduct, ...], _Held] = {}
 _CATALOGS_HELD = 8
 _NODES_HELD = 20_000
 
 
 def _read_once(
-    node: Mapping[str, Any], catalog: tuple[GpuProduct, ...], held: _Held
+    node: Mapping[str, Any],
+    catalog: tuple[GpuProduct, ...],
+    include_cordoned: bool,
+    held: _Held,
 ) -> GpuNodeInventory | None:
     metadata = node.get("metadata") or {}
-    version = str(metadata.get("resourceVersion") or "")
+    version = metadata.get("resourceVersion")
     if not version:
-        return read_gpu_inventory(node, catalog, include_cordoned=True)
-    key = str(metadata.get("uid") or metadata.get("name"))
+        return read_gpu_inventory(node, catalog, include_cordoned=include_cordoned)
+    key = (str(metadata.get("uid") or metadata.get("name")), include_cordoned)
     before = held.get(key)
     if before is not None and before[0] == version:
         return before[1]
-    found = read_gpu_inventory(node, catalog, include_cordoned=True)
+    found = read_gpu_inventory(node, catalog, include_cordoned=include_cordoned)
     if len(held) >= _NODES_HELD:
         held.clear()
-    held[key] = (version, found)
+    held[key] = (str(version), found)
     return found
 
 
