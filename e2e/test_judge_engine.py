@@ -428,9 +428,6 @@ def test_5_the_same_draft_on_another_prompt_mix_is_not_rolled_back(bed: Bed) -> 
     # maxDropVsStable (0.1): judged on them alone, the same draft would have been rolled back.
     drops = [v["stableAcceptanceRate"] - v["acceptanceRate"] for v in live(verdicts)]
     assert max(drops) > 0.1, drops
-    # The promoting pass (the third in a row, its window three intervals or more) compared the
-    # two step times by the median of the window's stretches.
-    assert "the median step of" in live(verdicts, "Pass")[-1]["message"], verdicts
 
 
 def test_6_a_slower_first_token_beyond_the_bound_is_rolled_back(bed: Bed) -> None:
