@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from specdeploy.engine.checks import (
     summarize_failures,
 )
 from specdeploy.engine.probe import settings_from_env as probe_settings_from_env
+from specdeploy.sim.profiles import PREFIX, ProfileError, is_sim_model, load_catalog
 
 TERMINATION_LOG_ENV = "SPECDEPLOY_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -217,8 +219,23 @@ def download_config_files(repo_id: str, revision: str | None) -> Path:
         ) from err
 
 
+def sim_model_dir(ref: str) -> Path:
+    """A folder holding the config.json the simulator's profile `ref` declares (sim/...)."""
+    try:
+        config = load_catalog().config_of(ref)
+    except ProfileError as err:
+        raise LaunchError(EXIT_MODEL_UNAVAILABLE, str(err)) from err
+    folder = Path(tempfile.gettempdir()) / "specdeploy-sim" / ref.removeprefix(PREFIX)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, sort_keys=True), encoding="utf-8")
+    return folder
+
+
 def resolve_model_dir(ref: str, revision: str | None, resolver: Resolver) -> Path:
-    """A directory holding the model's config.json: a local path as is, or the hub snapshot."""
+    """A directory holding the model's config.json: a local path as is, a simulator profile's
+    declared config, or the hub snapshot."""
+    if is_sim_model(ref):
+        return sim_model_dir(ref)
     if looks_like_local_path(ref):
         path = Path(ref).expanduser()
         if not path.is_dir():
@@ -376,7 +393,10 @@ def single_worker_env(args: ServeArgs, env: Mapping[str, str], cpu_build: bool) 
 
 
 def vllm_command(args: ServeArgs, entry: str, python: str = sys.executable) -> list[str]:
-    """The command that serves these arguments, unchanged but for how the model is passed."""
+    """The command that serves these arguments, unchanged but for how the model is passed; for
+    a simulator profile (sim/...), the simulator with the same arguments."""
+    if is_sim_model(args.model):
+        return [python, "-m", "specdeploy.sim", *args.argv]
     if entry == "cli":
         return ["vllm", "serve", *args.argv]
     rest = list(args.argv)
