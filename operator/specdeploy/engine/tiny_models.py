@@ -43,6 +43,11 @@ HIDDEN_SIZE = 256
 TARGET_LAYERS = 4
 EAGLE3_AUX_LAYERS = [1, 2, 3]
 SEED = 20261122
+#: Each message as `<|role|>content`, then the assistant's turn when asked for.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 #: Prompts in the tiny models' words that the probe runs in the tests and the judge's bench: on
 #: draft-small (greedy, k=3) their acceptance spans 0.67 ("A node sees") to 1.00 ("The
 #: scheduler places the pod on").
@@ -179,6 +184,9 @@ def _write_tokenizer(out: Path, seed: int, vocab_size: int) -> Any:
         pad_token="<pad>",
         model_max_length=2048,
     )
+    # A chat template, so that the chat completions API answers on the tiny models as on a
+    # model that ships one (the simulator's contract test sends chat requests to both).
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
     return fast
 
