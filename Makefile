@@ -173,11 +173,15 @@ bench-engine-cluster: venv tools system-deps engine-venv ## P1 with CPU engines,
 bench-judge: venv engine-venv ## The canary judge's accuracy over canaries of known outcome on the CPU engine (BENCH_JUDGE_ARGS)
 	$(PY) -m bench.judge_accuracy $(BENCH_JUDGE_ARGS)
 
+.PHONY: bench-sim
+bench-sim: venv ## The simulator's EAGLE-3 speed-up at concurrency 1, 4, 16 against the published figures (BENCH_SIM_ARGS)
+	$(PY) -m bench.sim_speed $(BENCH_SIM_ARGS)
+
 .PHONY: bench-report
 bench-report: venv ## bench/results/report.md, its plots and the table in docs/benchmarks.md
 	$(PY) -m bench.report
 
-BENCH_PARTS := bench-plan bench-rollout bench-engine-cluster bench-engine bench-autotune bench-scale bench-judge
+BENCH_PARTS := bench-sim bench-plan bench-rollout bench-engine-cluster bench-engine bench-autotune bench-scale bench-judge
 
 .PHONY: bench
 bench: venv tools system-deps engine-venv ## Every benchmark (not in CI), then the report, even when a part fails; results in bench/results/
