@@ -127,7 +127,8 @@ operator-down: ## Stop the background operator
 
 .PHONY: e2e
 e2e: venv tools system-deps engine-venv prometheus-operator-crd operator-image helm3 ## End-to-end tests against the local cluster (never skipped; the CPU engine image's are in make images)
-	SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m 'e2e and not engine_image' --durations=25 --junitxml=$(RUN)/e2e-junit.xml
+	status=0; SPECDEPLOY_E2E_REQUIRED=1 $(PY) -m pytest e2e -m 'e2e and not engine_image' --durations=25 --junitxml=$(RUN)/e2e-junit.xml || status=$$?; \
+	$(PY) -m slowest_modules $(RUN)/e2e-junit.xml 10 || true; exit $$status
 
 .PHONY: soak
 soak: venv tools system-deps engine-venv prometheus-operator-crd ## Operator SIGKILLed 20+ times during real canaries and a collapse (not in CI); bench/results/soak.*

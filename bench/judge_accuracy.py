@@ -2,7 +2,7 @@
 
 A set of canaries whose right outcome is known by construction, each judged beside a stable
 pair on the real CPU engine at the operator's default criteria (pacing: a verdict every 20 s
-over the last 60 s, as in e2e/test_judge_engine.py):
+over the last 60 s, the pacing the judge's real-engine e2e module had):
 
 - good: draft-small k=3 (a second engine of the same pair) beside draft-small k=3: promote;
 - bad: draft-bad k=3 (about 0 % accepted) beside draft-small k=3: roll back;
@@ -83,7 +83,7 @@ RUNS = 6
 PROMPTS = ("The cat sat on the", "In the morning the queue", "A node sees", "Every small engine")
 #: Two mixes whose acceptance really differs on the tiny pair (per prompt, greedy, k=3: "The
 #: scheduler places the pod on" 1.00, "Every small engine serves" 0.87, "The cat sat on the" 0.79,
-#: "A node sees" 0.67), as e2e/test_judge_engine.py's prompt-mix test uses: the same draft sits
+#: "A node sees" 0.67), as the judge's real-engine prompt-mix test used: the same draft sits
 #: about 0.2 lower on the canary's mix. ("The cat sat on the" with "In the morning the queue"
 #: against "A node sees" with "The scheduler places the pod on" gave 0.81 and 0.82: no test.)
 MIX_STABLE = ("The scheduler places the pod on", "Every small engine serves")

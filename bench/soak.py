@@ -1,7 +1,8 @@
 """`make soak`: the operator SIGKILLed at many random moments of real canaries and a collapse.
 
-Runs the engine canary tests (a bad draft rolled back, a good one promoted, a collapsed pair
-falling back to the target alone) on the local test bed with real CPU vLLM engines, each with
+Runs the engine canary tests (a bad draft rolled back, a good one promoted, on real CPU vLLM
+engines) and the collapse test (a drifting head switched off, on the simulator's 70B pair) on
+the local test bed, each with
 `--kills` operator kills at seeded random moments (e2e/fault_injection.py). Each test checks
 the same outcome as an undisturbed run, the history (status.revisions and its verdicts) intact,
 verdict intervals strictly increasing (none counted twice) and a Ready pod of some revision at
@@ -24,7 +25,7 @@ from typing import Any
 
 from bench.record import REPO, RESULTS
 
-TESTS = "rolled_back or promoted or collapsed"
+TESTS = "rolled_back or promoted or switched_off"
 
 
 def run_tests(
@@ -49,7 +50,8 @@ def run_tests(
         "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "e2e"), str(REPO)]),
     }
     command = [sys.executable, "-m", "pytest", "-m", "e2e", "-p", "no:cacheprovider", "-q"]
-    command += ["-rA", str(REPO / "e2e" / "test_canary_engine.py"), "-k", tests]
+    command += ["-rA", str(REPO / "e2e" / "test_canary_engine.py")]
+    command += [str(REPO / "e2e" / "test_collapse_sim.py"), "-k", tests]
     began = time.monotonic()
     done = subprocess.run(command, env=env, cwd=REPO, check=False)
     return done.returncode, time.monotonic() - began

@@ -87,10 +87,11 @@ class CompletionLoad(Background):
 
 @dataclass
 class PerPodLoad(Background):
-    """One client per ready pod of the SD, each sending greedy completions back to back, so
-    every engine stays busy at one sequence at a time; `prompts_for(revision)` picks the
-    prompts each revision's pods get (the same for all by default: the prompt mix is the test's
-    choice). Counts what each revision answered; bounded in time, only ever to 127.0.0.1."""
+    """`clients_per_pod` clients per ready pod of the SD (one by default), each sending greedy
+    completions back to back, so every engine stays busy at that many sequences at a time;
+    `prompts_for(revision)` picks the prompts each revision's pods get (the same for all by
+    default: the prompt mix is the test's choice). Counts what each revision answered; bounded
+    in time, only ever to 127.0.0.1."""
 
     kubectl: Kubectl
     namespace: str
@@ -100,6 +101,8 @@ class PerPodLoad(Background):
     prompts_for: Callable[[str], Sequence[str]] = field(default=lambda _revision: PREDICTABLE)
     max_tokens: int = 48
     max_seconds: float = 1800.0
+    #: Clients per pod, each one request at a time: the running batch each engine sees.
+    clients_per_pod: int = 1
     sent: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     thread_name = "per-pod load"
@@ -131,7 +134,7 @@ class PerPodLoad(Background):
     def run_loop(self, stop: threading.Event) -> None:
         deadline = time.monotonic() + self.max_seconds
         active: set[str] = set()
-        clients: dict[str, threading.Thread] = {}
+        clients: dict[tuple[str, int], threading.Thread] = {}
         while not stop.is_set() and time.monotonic() < deadline:
             try:
                 ready = self._ready()
@@ -142,14 +145,16 @@ class PerPodLoad(Background):
                 active.clear()
                 active.update(ready)
                 for pod, (revision, url) in ready.items():
-                    if pod not in clients or not clients[pod].is_alive():
-                        clients[pod] = threading.Thread(
-                            target=self._client,
-                            args=(pod, revision, url, active, stop),
-                            name=f"load {pod}",
-                            daemon=True,
-                        )
-                        clients[pod].start()
+                    for number in range(self.clients_per_pod):
+                        key = (pod, number)
+                        if key not in clients or not clients[key].is_alive():
+                            clients[key] = threading.Thread(
+                                target=self._client,
+                                args=(pod, revision, url, active, stop),
+                                name=f"load {pod} {number}",
+                                daemon=True,
+                            )
+                            clients[key].start()
             stop.wait(1.0)
         active.clear()
         for client in clients.values():

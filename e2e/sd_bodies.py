@@ -74,3 +74,59 @@ def llama_405b_across_nodes(name: str, namespace: str, version: str = "3.1") -> 
         },
         revisionHistoryLimit=1,
     )
+
+
+#: The simulator's 70B target (docs/simulator.md): its shape, as sizing reads it.
+SIM_70B = "sim/llama-3.1-70b-h100"
+SIM_70B_SHAPE = {
+    "parametersBillion": 70.6,
+    "layers": 80,
+    "hiddenSize": 8192,
+    "attentionHeads": 64,
+    "kvHeads": 8,
+    "vocabSize": 128256,
+    "dtype": "bfloat16",
+}
+
+
+def sim_70b(
+    name: str,
+    namespace: str,
+    draft: str | None,
+    version: str,
+    *,
+    tokens: int = 2,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The simulator's 70B on four whole H100s (tensor parallel 4), with the named simulator
+    draft profile (None: the target alone); its pods run the simulator through the launcher."""
+    spec_draft: dict[str, Any] = {"method": "none"}
+    if draft is not None:
+        method = "draft_model" if "draft-" in draft else "eagle3"
+        spec_draft = {"method": method, "model": draft, "numSpeculativeTokens": tokens}
+        if method == "draft_model":
+            spec_draft["shape"] = {**SIM_70B_SHAPE, "parametersBillion": 1.0, "layers": 16}
+    return {
+        "apiVersion": "specdeploy.dev/v1alpha1",
+        "kind": "SpeculativeDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "pair": {
+                "version": version,
+                "target": {"model": SIM_70B, "shape": SIM_70B_SHAPE},
+                "draft": spec_draft,
+            },
+            "engine": {
+                "tensorParallelSize": 4,
+                "maxModelLen": 8192,
+                "maxNumSeqs": 32,
+                "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+            },
+            "placement": {
+                "queue": "interactive",
+                "speculation": "Auto",
+                "gpu": {"product": H100, "mig": "Never"},
+            },
+        },
+    }

@@ -5,15 +5,15 @@ with a 2 s timer; `CompletionLoad` sends completions to every serving pod, so Pr
 real spec-decode counters under each pod's revision label. The SD asks for a canary of one pod
 judged every 10 s. A bad draft (about 0 % accepted) is rolled back by itself while the stable
 pair keeps serving; a new revision of a good draft passes and is promoted. At most two engines
-run at once.
+run at once. These are the real engine's end-to-end canary cases; the operator's other
+decisions (the collapse guard, an outage of Prometheus with a killed operator) are proven on the
+simulator's GPU-shaped pair (test_collapse_sim, test_outage_sim; docs/testbed.md).
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
-import signal
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,7 +41,6 @@ from fault_injection import (
     record_run,
 )
 from load import CompletionLoad
-from test_kubectl_plugin import Plugin
 from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, eventually
 from testbed.conditions import condition, is_ready
 
@@ -320,72 +319,6 @@ def test_a_good_pair_passes_its_analysis_and_is_promoted(bed: Bed) -> None:
     )
 
 
-def test_a_collapsed_pair_falls_back_to_the_target_alone(bed: Bed) -> None:
-    # The serving pair, guarded by a floor above what draft-small reaches here (about 0.8): to
-    # the guard, its acceptance has collapsed. The tiny drafts accept about as well whatever
-    # the prompt, so the floor stands in for traffic the draft cannot predict.
-    body = canary_sd(bed.namespace, bed.models, "draft-small", "3-small")
-    body["spec"]["rollout"]["collapseGuard"] = {
-        "floor": 0.95,
-        "for": "10s",
-        "action": "DisableSpeculation",
-    }
-    bed.kubectl.apply([body])
-    pair = bed.wait_serving()
-    seed = fault_seed("collapse fallback")
-    # The operator is SIGKILLed at random moments while the guard watches and falls back.
-    # The guard decides once its `for` (10 s) has passed below the floor, its windows read a
-    # scrape and an interval apart.
-    window = 10 + INTERVAL_S
-    with (
-        bed.load() as load,
-        bed.sampler() as sampler,
-        bed.killer(seed, window, "collapse") as killer,
-    ):
-        fallback = bed.wait_serving(other_than=pair)
-        killer.finish()
-        assert bed.wait_serving() == fallback, "the fallback stands after the last kill"
-    sampler.check()
-    status = bed.status()
-    speculation = status["speculation"]
-    assert (speculation["state"], speculation["reason"]) == ("Disabled", "DisabledAfterCollapse")
-    assert "< floor 0.95" in speculation["message"]
-    assert status["collapse"]["triggered"] is True
-    assert status["collapse"]["action"] == "DisableSpeculation"
-    degraded = condition(bed.sd(), "Degraded")
-    assert (degraded["status"], degraded["reason"]) == ("True", "AcceptanceCollapsed")
-    [record] = [r for r in status["revisions"] if r["revision"] == fallback]
-    assert record["draft"]["method"] == "none"
-    assert any(r["revision"] == pair for r in status["revisions"]), "history lost the pair"
-    assert load.sent[pair] > 0
-    eventually(lambda: bed.serving_revisions() == {fallback}, 120, "only the target alone serves")
-    for pod in revision_pods(bed.kubectl, bed.namespace, SD, fallback):
-        args = pod["spec"]["containers"][0]["args"]
-        assert "--speculative-config" not in args
-    reasons = [e["reason"] for e in events_of(bed.kubectl, bed.namespace, SD)]
-    assert_event_unless_killed("AcceptanceCollapsed", reasons, degraded, killer)
-    # One fallback revision: the guard did not fire again after a restart.
-    fallbacks = [r for r in status["revisions"] if r["draft"]["method"] == "none"]
-    assert len(fallbacks) == 1, status["revisions"]
-    record_run("collapse", seed, speculation["state"], killer=killer, sampler=sampler)
-
-    # A person brings the pair back (kubectl specdeploy resume-speculation): it comes back as
-    # any new pair does, a canary beside the target alone.
-    plugin = Plugin(bed.kubectl, bed.namespace)
-    assert plugin("resume-speculation", SD) == (
-        f"{SD}: speculation of revision {pair} resumed: the pair comes back\n"
-    )
-
-    def resumed() -> dict[str, Any] | None:
-        found = bed.status()
-        back = found.get("canaryRevision") == pair
-        return found if back and found["collapse"].get("resumedWith") == pair else None
-
-    found = eventually(resumed, 120, "the pair back as a canary")
-    assert found["speculation"]["state"] == "Enabled"
-    assert "already asked" in plugin("resume-speculation", SD), "idempotent"
-
-
 def assert_event_unless_killed(
     reason: str, reasons: Sequence[str], degraded: Mapping[str, Any], killer: OperatorKiller
 ) -> None:
@@ -406,103 +339,3 @@ def verdicts_of(status: dict[str, Any], revision: str) -> list[dict[str, Any]]:
     [record] = [r for r in status["revisions"] if r["revision"] == revision]
     verdicts: list[dict[str, Any]] = record.get("verdicts") or []
     return verdicts
-
-
-@contextlib.contextmanager
-def prometheus_paused(cluster: ClusterEnv) -> Iterator[None]:
-    """Prometheus hung (SIGSTOP): every query times out, as when it is unreachable."""
-    pid = int(cluster.components["prometheus"]["pid"])
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
-
-
-def test_the_analysis_holds_while_prometheus_is_down_survives_a_killed_operator_then_promotes(
-    bed: Bed, running_operator: OperatorProcess
-) -> None:
-    stable = bed.status().get("stableRevision")
-    if stable is None:  # run alone: a stable pair first
-        bed.kubectl.apply([canary_sd(bed.namespace, bed.models, "draft-small", "1-small")])
-        stable = bed.wait_serving()
-    body = canary_sd(bed.namespace, bed.models, "draft-small", "4-small")
-    body["spec"]["rollout"]["analysis"]["promoteAfter"] = 3
-    with bed.load():
-        bed.kubectl.apply([body])
-
-        def new_canary() -> str | None:
-            # Not a canary left from before (the collapse test's resumed pair): this pair's.
-            status = bed.status()
-            canary = status.get("canaryRevision")
-            versions = {r["revision"]: r["pairVersion"] for r in status.get("revisions") or []}
-            return canary if canary and versions.get(canary) == "4-small" else None
-
-        canary = eventually(new_canary, 60, "the new pair to run as a canary")
-
-        def judged() -> dict[str, Any] | None:
-            analysis = bed.status().get("analysis") or {}
-            ours = analysis.get("revision") == canary
-            return analysis if ours and analysis.get("lastInterval", -1) >= 0 else None
-
-        # The analysis is under way (its first verdict, whatever it is: on this shared machine
-        # the first window can be short of draft tokens, or slow).
-        eventually(judged, ENGINE_READY_S, "the canary's first verdict")
-
-        # Prometheus hangs: every query times out. Inconclusive, holding; nothing moves.
-        with prometheus_paused(bed.cluster):
-
-            def holding() -> dict[str, Any] | None:
-                sd = bed.sd()
-                progressing = condition(sd, "Progressing")
-                unavailable = "metrics unavailable" in progressing.get("message", "")
-                held = progressing.get("reason") == "AnalysisInconclusive" and unavailable
-                return sd if held else None
-
-            held = eventually(holding, 90, "the analysis to hold on missing metrics")
-            # Verdicts closed before the outage (a real Fail among them) stay counted; none
-            # may be added while the metrics are missing.
-            failures = held["status"]["analysis"]["failures"]
-            assert failures < FAILURE_LIMIT, held["status"]["analysis"]
-
-            # SIGKILL mid-canary, during the outage; a new operator process resumes from status.
-            # It proves itself alive by judging the next two intervals (Inconclusive, Prometheus
-            # still hung): verdicts only a reconciling successor can record.
-            killed_at = bed.status()["analysis"]["lastInterval"]
-            running_operator.kill()
-            running_operator.start()
-
-            def judged_twice_since_the_kill() -> list[dict[str, Any]] | None:
-                later = [
-                    v
-                    for v in verdicts_of(bed.status(), canary)
-                    if v["interval"] > killed_at and v["result"] == "Inconclusive"
-                ]
-                return later if len(later) >= 2 else None
-
-            eventually(
-                judged_twice_since_the_kill,
-                6 * INTERVAL_S + 60,
-                f"two Inconclusive verdicts after interval {killed_at} from the new process",
-            )
-            status = bed.status()
-            assert status["stableRevision"] == stable, "nothing promoted while Prometheus is down"
-            assert status["analysis"]["outcome"] == "Hold", status["analysis"]
-            assert status["analysis"]["failures"] == failures, (
-                "missing data is never a failure",
-                status["analysis"],
-                verdicts_of(status, canary),
-            )
-        try:
-            promoted = bed.wait_serving(other_than=stable)
-        except TimeoutError as error:
-            raise AssertionError(verdicts_of(bed.status(), canary)) from error
-    assert promoted == canary
-    verdicts = verdicts_of(bed.status(), canary)
-    results = [v["result"] for v in verdicts]
-    assert "Inconclusive" in results, verdicts
-    assert results.count("Pass") >= 3, verdicts
-    # Each interval counted once, across the restart too: the intervals the verdicts closed only
-    # ever increase (one the operator was down for is skipped, never judged twice).
-    intervals = [v["interval"] for v in verdicts]
-    assert all(a < b for a, b in itertools.pairwise(intervals)), intervals

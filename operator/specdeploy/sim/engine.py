@@ -93,6 +93,13 @@ def _digest(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(raw).digest()[:8], "big")
 
 
+def prompt_scale(prompt: str, spread: float) -> float:
+    """How much better or worse than the profile a draft predicts this prompt: a factor in
+    [1 - spread, 1 + spread] drawn from the prompt's text, the same on every engine."""
+    unit = (_digest("prompt", prompt) % 10_000) / 10_000.0
+    return 1.0 + spread * (2.0 * unit - 1.0)
+
+
 @dataclass
 class SimRequest:
     """One request in the engine, with what has happened to it so far (times in seconds)."""
@@ -296,9 +303,7 @@ class SimEngine:
 
     def _acceptance_scale(self, request: SimRequest, now: float) -> float:
         assert self.draft is not None
-        spread = self.draft.prompt_spread
-        unit = (_digest("prompt", request.prompt) % 10_000) / 10_000.0
-        scale = 1.0 + spread * (2.0 * unit - 1.0)
+        scale = prompt_scale(request.prompt, self.draft.prompt_spread)
         drift_at = self.faults.drift_after_s
         if drift_at is not None and now - self.started_at >= drift_at:
             scale *= self.faults.drift_factor

@@ -3,7 +3,7 @@
 A profile is named like a model (`sim/llama-3.1-70b-h100`, `sim/eagle3-good`): a pair in an SD
 names a target profile and a draft profile, and the launcher's checks read the `config.json`
 each profile declares, so a pair the checks refuse on a GPU is refused here too. The built-in
-catalog is `catalog.yaml` beside this file; `SPECDEPLOY_SIM_CATALOG` (or `--sim-catalog`) names
+catalog is `catalog.yaml` beside this file; `SIM_CATALOG` (or `--sim-catalog`) names
 a YAML file whose profiles are added to it, a name given twice replacing the built-in one. That
 is how a test sets fault knobs on a profile of its own.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-CATALOG_ENV = "SPECDEPLOY_SIM_CATALOG"
+CATALOG_ENV = "SIM_CATALOG"
 PREFIX = "sim/"
 BUILTIN_CATALOG = Path(__file__).with_name("catalog.yaml")
 
@@ -321,7 +321,7 @@ def parse_catalog(documents: Sequence[Mapping[str, Any]]) -> Catalog:
 
 
 def load_catalog(extra: str | os.PathLike[str] | None = None) -> Catalog:
-    """The built-in catalog, with the profiles of `extra` (or $SPECDEPLOY_SIM_CATALOG) added."""
+    """The built-in catalog, with the profiles of `extra` (or $SIM_CATALOG) added."""
     documents = [_read_yaml(BUILTIN_CATALOG)]
     chosen = extra if extra is not None else os.environ.get(CATALOG_ENV)
     if chosen:
