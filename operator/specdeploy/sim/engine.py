@@ -88,7 +88,8 @@ def count_tokens(text: str) -> int:
     return max(1, count)
 
 
-def _digest(*parts: object) -> int:
+def stable_hash(*parts: object) -> int:
+    """A 64-bit number from the parts, the same in every process (Python's hash() is not)."""
     raw = "\0".join(str(p) for p in parts).encode()
     return int.from_bytes(hashlib.sha256(raw).digest()[:8], "big")
 
@@ -96,7 +97,7 @@ def _digest(*parts: object) -> int:
 def prompt_scale(prompt: str, spread: float) -> float:
     """How much better or worse than the profile a draft predicts this prompt: a factor in
     [1 - spread, 1 + spread] drawn from the prompt's text, the same on every engine."""
-    unit = (_digest("prompt", prompt) % 10_000) / 10_000.0
+    unit = (stable_hash("prompt", prompt) % 10_000) / 10_000.0
     return 1.0 + spread * (2.0 * unit - 1.0)
 
 
@@ -212,7 +213,7 @@ class SimEngine:
     # --- requests ---------------------------------------------------------------------------
 
     def request_seed(self, prompt: str, greedy: bool, counter: int) -> int:
-        return _digest(self.seed, prompt, "greedy" if greedy else counter)
+        return stable_hash(self.seed, prompt, "greedy" if greedy else counter)
 
     def add(self, request: SimRequest) -> None:
         self.waiting.append(request)
@@ -378,7 +379,7 @@ class SimEngine:
         if request.context_tokens >= self.max_model_len:
             return "length"
         rate = self.faults.engine_error_rate
-        if rate > 0 and _digest("error", request.request_id) % 10_000 < rate * 10_000:
+        if rate > 0 and stable_hash("error", request.request_id) % 10_000 < rate * 10_000:
             return "error"
         return None
 

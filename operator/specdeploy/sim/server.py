@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from specdeploy.sim.engine import SimEngine, SimRequest, _digest, count_tokens
+from specdeploy.sim.engine import SimEngine, SimRequest, count_tokens, stable_hash
 from specdeploy.sim.metrics import EngineMetrics
 
 Scope = MutableMapping[str, Any]
@@ -214,7 +214,7 @@ class SimApp:
 
     def _injected_error(self, counter: int) -> ApiError | None:
         for status, rate in sorted(self.engine.faults.error_rates.items()):
-            if _digest("http", status, counter) % 10_000 < rate * 10_000:
+            if stable_hash("http", status, counter) % 10_000 < rate * 10_000:
                 kind = ERROR_KINDS.get(status, "InternalServerError")
                 return ApiError(status, f"injected by the simulator's fault knobs ({status})", kind)
         return None
