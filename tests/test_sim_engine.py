@@ -177,6 +177,37 @@ def test_a_full_kv_cache_preempts_the_newest_request(catalog: Catalog) -> None:
     assert first.preemptions == 0
 
 
+def test_a_preempted_request_resumes_with_one_token_whose_latency_spans_the_stall(
+    catalog: Catalog,
+) -> None:
+    eng = engine(catalog, draft=None)
+    eng.kv_blocks = 6  # 96 tokens: the second request is preempted once the first grows
+    request(eng, "x " * 30, max_tokens=60)
+    second = request(eng, "y " * 30, max_tokens=60)
+    run(eng)
+    assert second.preemptions >= 1
+    # Without speculation every output is one token: the first, then one per observation,
+    # the resumed request's recomputed step included.
+    generated = sample(eng, "vllm:generation_tokens_total")
+    first_tokens = sample(eng, "vllm:time_to_first_token_seconds_count")
+    assert generated == first_tokens + sample(eng, "vllm:inter_token_latency_seconds_count")
+    buckets = eng.metrics.registry.get_sample_value(
+        "vllm:inter_token_latency_seconds_bucket", {"model_name": "m", "engine": "0", "le": "0.025"}
+    )
+    steps = sample(eng, "vllm:inter_token_latency_seconds_count")
+    assert buckets is not None
+    assert buckets < steps, "the stall is one latency longer than any step"
+
+
+def test_a_step_without_an_output_is_not_an_iteration(catalog: Catalog) -> None:
+    eng = engine(catalog, draft=None, max_num_batched_tokens=100)
+    request(eng, "word " * 250, max_tokens=2)
+    run(eng)
+    # Three prefill chunks (the last emits the first token), then one decode step.
+    assert sample(eng, "vllm:iteration_tokens_total_count") == 2
+    assert sample(eng, "vllm:iteration_tokens_total_sum") == 250 + 1 + 1
+
+
 def test_chunked_prefill_splits_a_long_prompt_over_steps(catalog: Catalog) -> None:
     eng = engine(catalog, draft=None, max_num_batched_tokens=100)
     req = request(eng, "word " * 250, max_tokens=4)

@@ -338,25 +338,29 @@ class SimEngine:
             if words and request.last_token_at is not None:
                 self.metrics.inter_token(now - request.last_token_at)
             request.last_token_at = now
-        prompt_done = 0
+        first_prompts = 0
         for request, chunk in plan.prefill:
             if request.finished or request not in self.running:
                 continue
             request.prefilled += chunk
-            prompt_done += chunk
-            if request.prefilled < request.prompt_tokens or request.output:
-                if request.prefilled >= request.prompt_tokens and request.output:
-                    # A preempted request recomputed: its next token comes from decoding.
-                    request.last_token_at = now
+            if request.prefilled < request.prompt_tokens:
                 continue
             word = self._next_word(request)
             request.output.append(word)
             new_text.setdefault(id(request), []).append(word)
             generated += 1
-            request.first_token_at = now
+            if request.first_token_at is None:
+                request.first_token_at = now
+                first_prompts += request.prompt_tokens
+                self.metrics.first_token(now - request.arrival, request.prompt_tokens)
+            elif request.last_token_at is not None:
+                # A preempted request recomputed: its next token is an output of this step,
+                # and its inter-token latency spans the whole stall, as vLLM records it.
+                self.metrics.inter_token(now - request.last_token_at)
             request.last_token_at = now
-            self.metrics.first_token(now - request.arrival, request.prompt_tokens)
-        self.metrics.iteration(prompt_done, generated)
+        # vLLM observes a step's tokens only for steps with an output: the prompts of the
+        # requests that got their first token, and every token emitted.
+        self.metrics.iteration(first_prompts, generated)
         for request in list(self.running):
             reason = self._finish_reason(request, now)
             if reason is not None:

@@ -267,8 +267,10 @@ class EngineMetrics:
         self.prefix_queries.inc(prompt_tokens)
 
     def iteration(self, prompt_tokens: int, generated: int) -> None:
+        """One step: `generated` tokens emitted, `prompt_tokens` the prompts of the requests
+        that got their first token in it; a step without an output is not observed."""
         self.generation_tokens.inc(generated)
-        if prompt_tokens + generated:
+        if generated:
             self.iteration_tokens.observe(prompt_tokens + generated)
 
     def finished(self, request: SimRequest) -> None:
