@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,14 @@ from testbed.conditions import condition, is_ready
 pytestmark = pytest.mark.e2e
 
 SD = "chat"
+#: The analysis interval of the SDs here (their verdicts are Inconclusive: no engine runs).
+INTERVAL_S = 2
 
 
 def with_canary(body: dict[str, Any], **analysis: Any) -> dict[str, Any]:
     body["spec"]["rollout"] = {
         "canary": {"replicas": 1},
-        "analysis": {"interval": "2s", "window": "10s", **analysis},
+        "analysis": {"interval": f"{INTERVAL_S}s", "window": "10s", **analysis},
     }
     return body
 
@@ -141,14 +144,17 @@ def test_every_verb_acts_through_the_sd_and_refuses_when_it_does_not_apply(
     before = eventually(paused, 30, "the canary paused")
     sd = kubectl.get_json("sd", SD, "-n", namespace)
     assert condition(sd, "Progressing")["reason"] == "Paused"
-    eventually(
-        lambda: (
-            status(kubectl, namespace)["analysis"]["inconclusiveInARow"]
-            == before["inconclusiveInARow"]
-        ),
-        10,
-        "no verdict counted",
-    )
+    # Held for four intervals: at every poll the count and the last interval judged are the
+    # ones the pause found (an operator that went on judging moves both within an interval).
+    held_until = time.monotonic() + 4 * INTERVAL_S
+    polls = 0
+    while time.monotonic() < held_until:
+        analysis = status(kubectl, namespace)["analysis"]
+        assert analysis["inconclusiveInARow"] == before["inconclusiveInARow"], analysis
+        assert analysis.get("lastInterval") == before.get("lastInterval"), analysis
+        polls += 1
+        time.sleep(0.5)
+    assert polls >= 4
     assert plugin("resume", SD) == f"{SD}: canary {third} resumed: judged again\n"
     eventually(
         lambda: (
