@@ -33,7 +33,9 @@ def app_with(faults: Faults) -> SimApp:
     return SimApp(engine, ServedModel(("m",), TARGET, 512), time.monotonic)
 
 
-async def call(app: SimApp, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+async def call(
+    app: SimApp, path: str, body: dict[str, Any], method: str = "POST"
+) -> tuple[int, dict[str, Any]]:
     sent: list[dict[str, Any]] = []
     raw = json.dumps(body).encode()
     delivered = False
@@ -49,7 +51,7 @@ async def call(app: SimApp, path: str, body: dict[str, Any]) -> tuple[int, dict[
     async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(dict(message))
 
-    scope = {"type": "http", "method": "POST", "path": path, "headers": []}
+    scope = {"type": "http", "method": method, "path": path, "headers": []}
     await app(scope, receive, send)
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     payload = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
@@ -77,6 +79,27 @@ def test_an_error_rate_answers_that_status_before_the_engine_and_counts_it_in_ht
         {"model_name": "m", "engine": "0", "finished_reason": "length"},
     )
     assert success == 0
+
+
+def test_the_fault_knobs_change_at_run_time_and_stay_out_of_the_http_families() -> None:
+    app = app_with(Faults())
+    assert completion(app)[0] == 200
+    knobs = {"errorRates": {"503": 1.0}, "firstTokenExtraMs": 5}
+    assert asyncio.run(call(app, "/sim/faults", knobs, "PUT")) == (200, knobs)
+    assert asyncio.run(call(app, "/sim/faults", {}, "GET")) == (200, knobs)
+    assert completion(app)[0] == 503
+    status, body = asyncio.run(call(app, "/sim/faults", {"bogus": 1}, "PUT"))
+    assert status == 400
+    assert "unknown fault knob(s) bogus" in body["error"]["message"]
+    assert asyncio.run(call(app, "/sim/faults", {}, "PUT"))[0] == 200
+    assert completion(app)[0] == 200
+    handlers = {
+        sample.labels["handler"]
+        for family in app.metrics.registry.collect()
+        if family.name == "http_requests"
+        for sample in family.samples
+    }
+    assert handlers == {"/v1/completions"}
 
 
 def test_an_engine_error_finishes_with_error_and_answers_500() -> None:

@@ -310,8 +310,11 @@ class HttpMetrics:
         0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5,
         5.0, 7.5, 10.0, 30.0, 60.0,
     )  # fmt: skip
-    #: Handlers the API server leaves out of them (vLLM's attach_router).
-    EXCLUDED = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
+    #: Handlers the API server leaves out of them (vLLM's attach_router), and the simulator's
+    #: own fault endpoint.
+    EXCLUDED = frozenset(
+        {"/metrics", "/health", "/load", "/ping", "/version", "/server_info", "/sim/faults"}
+    )
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(

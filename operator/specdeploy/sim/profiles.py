@@ -85,6 +85,25 @@ class Faults:
             start_delay_s=float(raw.get("startDelaySeconds", 0.0)),
         )
 
+    def to_json(self) -> dict[str, Any]:
+        """The knobs as `parse` reads them (camelCase), unset ones left out."""
+        base = Faults()
+        names = {
+            "error_rates": "errorRates",
+            "engine_error_rate": "engineErrorRate",
+            "drift_after_s": "driftAfterSeconds",
+            "drift_factor": "driftFactor",
+            "first_token_extra_ms": "firstTokenExtraMs",
+            "crash_after_requests": "crashAfterRequests",
+            "start_delay_s": "startDelaySeconds",
+        }
+        found: dict[str, Any] = {}
+        for attribute, key in names.items():
+            value = getattr(self, attribute)
+            if value != getattr(base, attribute):
+                found[key] = {str(k): v for k, v in value.items()} if key == "errorRates" else value
+        return found
+
     def merged(self, other: Faults) -> Faults:
         """Both profiles' faults: the other's knobs win where it sets them."""
         base = Faults()

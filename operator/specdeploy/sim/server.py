@@ -1,7 +1,9 @@
 """The simulator's HTTP side: vLLM's OpenAI-compatible API as a plain ASGI app.
 
 Routes: `POST /v1/completions` and `/v1/chat/completions` (streaming or not), `GET /health`,
-`/v1/models`, `/metrics`, `/version`. Errors have vLLM's statuses and body
+`/v1/models`, `/metrics`, `/version`; and the simulator's own `GET`/`PUT /sim/faults`, the
+fault knobs in force (a test or a person changes them at run time, as llm-d's simulator takes
+`POST /admin/config`). Errors have vLLM's statuses and body
 (`{"error": {"message", "type", "param", "code"}}`): 404 for an unknown model, 400 for a prompt
 longer than the context or a bad field, the fault knobs' statuses before the engine. Any
 `--middleware` class (an ASGI middleware, as vLLM loads them) wraps the app, so the probe's
@@ -24,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from specdeploy.sim.engine import SimEngine, SimRequest, count_tokens, stable_hash
 from specdeploy.sim.metrics import EngineMetrics
+from specdeploy.sim.profiles import Faults, ProfileError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -145,6 +148,8 @@ class SimApp:
             return await respond_json(send, 200, self._models())
         if method == "GET" and path == "/metrics":
             return await respond(send, 200, self.metrics.exposition(), CONTENT_TYPE_LATEST)
+        if path == FAULTS_PATH:
+            return await self._faults(method, receive, send)
         if path in ("/v1/completions", "/v1/chat/completions"):
             if method != "POST":
                 return await respond_json(send, 405, {"detail": "Method Not Allowed"})
@@ -155,6 +160,22 @@ class SimApp:
             except ApiError as err:
                 return await respond_json(send, err.status, err.body())
         return await respond_json(send, 404, {"detail": "Not Found"})
+
+    async def _faults(self, method: str, receive: Receive, send: Send) -> int:
+        """GET: the fault knobs in force; PUT: replace them all (the profile's are the start)."""
+        if method == "PUT":
+            try:
+                raw = json.loads(await read_body(receive) or b"{}")
+                if not isinstance(raw, dict):
+                    raise ProfileError(f"{FAULTS_PATH}: the body must be a JSON object")
+                self.engine.faults = Faults.parse(raw, FAULTS_PATH)
+            except (ValueError, ProfileError) as err:
+                return await respond_json(
+                    send, 400, ApiError(400, str(err), "BadRequestError").body()
+                )
+        elif method != "GET":
+            return await respond_json(send, 405, {"detail": "Method Not Allowed"})
+        return await respond_json(send, 200, self.engine.faults.to_json())
 
     def _models(self) -> dict[str, Any]:
         return {
@@ -445,8 +466,19 @@ def check_lengths(prompt: str, prompt_tokens: int, max_tokens: Any, limit: int) 
         )
 
 
+#: The simulator's own endpoint for its fault knobs (no vLLM route; left out of the HTTP
+#: families, so that the same client traffic counts the same on both).
+FAULTS_PATH = "/sim/faults"
 ROUTES = frozenset(
-    {"/health", "/version", "/v1/models", "/metrics", "/v1/completions", "/v1/chat/completions"}
+    {
+        "/health",
+        "/version",
+        "/v1/models",
+        "/metrics",
+        "/v1/completions",
+        "/v1/chat/completions",
+        FAULTS_PATH,
+    }
 )
 
 
