@@ -337,3 +337,54 @@ def test_helm_test_pod_asks_the_probe_endpoint_through_the_service(helm: Helm) -
 def test_helm_error_names_the_command() -> None:
     error = HelmError(["template", "x"], 1, "", "boom")
     assert "helm template x exited 1: boom" in str(error)
+
+
+def _resolved(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic schema node with its $ref, anyOf-with-null and allOf wrappers taken off."""
+    while True:
+        if "$ref" in schema:
+            schema = defs[schema["$ref"].rsplit("/", 1)[-1]]
+        elif "anyOf" in schema:
+            options = [s for s in schema["anyOf"] if s.get("type") != "null"]
+            if len(options) != 1:
+                return schema
+            schema = options[0]
+        elif "allOf" in schema and len(schema["allOf"]) == 1:
+            schema = schema["allOf"][0]
+        else:
+            return schema
+
+
+def _key_differences(
+    model: dict[str, Any], chart: dict[str, Any], defs: dict[str, Any], path: str
+) -> list[str]:
+    """Where the chart's schema and the operator config's model hold other keys, at any depth."""
+    model = _resolved(model, defs)
+    found: list[str] = []
+    if "properties" in model and "properties" in chart:
+        mine, theirs = set(model["properties"]), set(chart["properties"])
+        found += [
+            f"{path}.{k}: in the operator config, not in values.schema.json"
+            for k in sorted(mine - theirs)
+        ]
+        found += [
+            f"{path}.{k}: in values.schema.json, not in the operator config"
+            for k in sorted(theirs - mine)
+        ]
+        for key in sorted(mine & theirs):
+            found += _key_differences(
+                model["properties"][key], chart["properties"][key], defs, f"{path}.{key}"
+            )
+    elif "items" in model and "items" in chart:
+        found += _key_differences(model["items"], chart["items"], defs, f"{path}[]")
+    return found
+
+
+def test_values_schema_holds_the_operator_configs_keys_at_every_depth() -> None:
+    model = OperatorConfig.model_json_schema(by_alias=True)
+    defs = model.get("$defs", {})
+    config = {
+        **model,
+        "properties": {k: v for k, v in model["properties"].items() if k not in CHART_SET_CONFIG},
+    }
+    assert _key_differences(config, SCHEMA["properties"]["config"], defs, "config") == []
