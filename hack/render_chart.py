@@ -125,6 +125,8 @@ def _default_cell(value: Any) -> str:
 def render_readme(chart_yaml: str, values_text: str) -> str:
     """The chart's README: what it installs, how, and a table of every documented value."""
     chart = yaml.safe_load(chart_yaml)
+    replicas = int(yaml.safe_load(values_text).get("replicas", 1))
+    pods = "one replica" if replicas == 1 else f"{replicas} replicas, one leader at a time"
     rows = "\n".join(
         f"| `{doc.key}` | {_default_cell(doc.default)} | {doc.description} |"
         for doc in document_values(values_text)
@@ -138,8 +140,8 @@ def render_readme(chart_yaml: str, values_text: str) -> str:
 helm install specdeploy charts/specdeploy --namespace specdeploy-system --create-namespace
 ```
 
-It installs the SpeculativeDeployment CRD (kept on uninstall), the operator Deployment (one
-replica, non-root, read-only root filesystem), its ConfigMap, ServiceAccount and least-privilege
+It installs the SpeculativeDeployment CRD (kept on uninstall), the operator Deployment
+({pods}, non-root, read-only root filesystem), its ConfigMap, ServiceAccount and least-privilege
 RBAC, a Service for its probe and metrics endpoints and a `helm test` pod that asks the probe
 endpoint; optionally a ServiceMonitor and a NetworkPolicy. The CRD upgrade path, the RBAC rules
 and the security context are described in docs/chart.md.

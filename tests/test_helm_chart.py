@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from chart_harness import CHART, Helm, HelmError, granted_access, set_values
-from render_chart import document_values, expected_files
+from render_chart import document_values, expected_files, render_readme
 from specdeploy.api.config import OperatorConfig
 from testbed.cluster import tools_dir
 
@@ -388,3 +388,11 @@ def test_values_schema_holds_the_operator_configs_keys_at_every_depth() -> None:
         "properties": {k: v for k, v in model["properties"].items() if k not in CHART_SET_CONFIG},
     }
     assert _key_differences(config, SCHEMA["properties"]["config"], defs, "config") == []
+
+
+def test_the_chart_readme_says_the_replica_count_values_yaml_sets() -> None:
+    chart = (CHART / "Chart.yaml").read_text()
+    assert "(one replica," in render_readme(chart, "replicas: 1\n")
+    assert "(3 replicas, one leader at a time," in render_readme(chart, "replicas: 3\n")
+    shipped = (CHART / "README.md").read_text()
+    assert f"({VALUES['replicas']} replicas, one leader at a time," in " ".join(shipped.split())
