@@ -36,6 +36,18 @@ class ProfileError(ValueError):
     """A profile that does not exist or does not parse; the message names it."""
 
 
+#: Each fault knob: its attribute on Faults, and its key in a catalog or /sim/faults.
+FAULT_KNOBS: Mapping[str, str] = {
+    "error_rates": "errorRates",
+    "engine_error_rate": "engineErrorRate",
+    "drift_after_s": "driftAfterSeconds",
+    "drift_factor": "driftFactor",
+    "first_token_extra_ms": "firstTokenExtraMs",
+    "crash_after_requests": "crashAfterRequests",
+    "start_delay_s": "startDelaySeconds",
+}
+
+
 @dataclass(frozen=True)
 class Faults:
     """What a test can make a profile do wrong. Every knob is off by default."""
@@ -59,16 +71,7 @@ class Faults:
     def parse(cls, raw: Mapping[str, Any] | None, where: str) -> Faults:
         if not raw:
             return cls()
-        known = {
-            "errorRates",
-            "engineErrorRate",
-            "driftAfterSeconds",
-            "driftFactor",
-            "firstTokenExtraMs",
-            "crashAfterRequests",
-            "startDelaySeconds",
-        }
-        unknown = sorted(set(raw) - known)
+        unknown = sorted(set(raw) - set(FAULT_KNOBS.values()))
         if unknown:
             raise ProfileError(f"{where}: unknown fault knob(s) {', '.join(unknown)}")
         rates = {int(k): float(v) for k, v in (raw.get("errorRates") or {}).items()}
@@ -88,17 +91,8 @@ class Faults:
     def to_json(self) -> dict[str, Any]:
         """The knobs as `parse` reads them (camelCase), unset ones left out."""
         base = Faults()
-        names = {
-            "error_rates": "errorRates",
-            "engine_error_rate": "engineErrorRate",
-            "drift_after_s": "driftAfterSeconds",
-            "drift_factor": "driftFactor",
-            "first_token_extra_ms": "firstTokenExtraMs",
-            "crash_after_requests": "crashAfterRequests",
-            "start_delay_s": "startDelaySeconds",
-        }
         found: dict[str, Any] = {}
-        for attribute, key in names.items():
+        for attribute, key in FAULT_KNOBS.items():
             value = getattr(self, attribute)
             if value != getattr(base, attribute):
                 found[key] = {str(k): v for k, v in value.items()} if key == "errorRates" else value
