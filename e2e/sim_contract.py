@@ -12,8 +12,10 @@ relation on either.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,8 +175,6 @@ def run_workload(url: str, model: str, max_model_len: int) -> WorkloadResult:
 
 def settled_metrics(url: str, tries: int = 50) -> str:
     """The metrics page once no request runs (an aborted one is freed a step later)."""
-    import time  # noqa: PLC0415
-
     text = metrics_text(url)
     for _ in range(tries):
         running = sum(
@@ -209,8 +209,10 @@ def families(text: str, prefixes: tuple[str, ...] = COMPARED_PREFIXES) -> Famili
     return found
 
 
+@functools.lru_cache(maxsize=8)
 def sample_values(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of the page: (sample name, sorted labels) → value."""
+    """Every sample of the page: (sample name, sorted labels) → value; each page parsed once,
+    however many deltas are read from it (callers do not change the dict)."""
     values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
