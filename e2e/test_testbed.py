@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from testbed import RESTRICTED_CONTAINER_SECURITY, RESTRICTED_POD_SECURITY, Kubectl, eventually
+from testbed import (
+    RESTRICTED_CONTAINER_SECURITY,
+    RESTRICTED_POD_SECURITY,
+    Kubectl,
+    create_namespace_with_queues,
+    eventually,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -89,18 +97,31 @@ def _expectations(path: Path) -> list[str]:
     ]
 
 
+@pytest.fixture(scope="module")
+def refusal_namespace(kubectl: Kubectl) -> Iterator[str]:
+    """One namespace for every invalid fixture: each is a server-side dry run, so nothing is
+    stored and the cases cannot see each other; a namespace apiece made the namespace
+    controller delete 127 of them while the next ones waited on their ServiceAccount."""
+    name = f"e2e-refusals-{uuid.uuid4().hex[:5]}"
+    create_namespace_with_queues(kubectl, name)
+    try:
+        yield name
+    finally:
+        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
+
+
 @pytest.mark.parametrize(
     "fixture", _invalid_fixtures() or [INVALID_FIXTURES / "MISSING"], ids=lambda p: p.stem
 )
 def test_cel_rules_reject_invalid_resources_with_field_paths(
-    kubectl: Kubectl, specdeploy_crd: dict[str, Any], namespace: str, fixture: Path
+    kubectl: Kubectl, specdeploy_crd: dict[str, Any], refusal_namespace: str, fixture: Path
 ) -> None:
     assert fixture.exists(), f"no invalid fixtures in {INVALID_FIXTURES}"
     expected = _expectations(fixture)
     assert expected, f"{fixture.name} has no '# expect: <error text>' line"
     docs = [d for d in yaml.safe_load_all(fixture.read_text()) if d]
     for doc in docs:
-        doc.setdefault("metadata", {})["namespace"] = namespace
+        doc.setdefault("metadata", {})["namespace"] = refusal_namespace
     result = kubectl.run(
         "create", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(docs), check=False
     )

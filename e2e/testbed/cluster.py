@@ -920,9 +920,13 @@ RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
 }
 
 
-def create_namespace_with_queues(kubectl: Kubectl, namespace: str, timeout: float = 60.0) -> None:
+def create_namespace_with_queues(kubectl: Kubectl, namespace: str) -> None:
     """Create ``namespace`` (Pod Security "restricted" enforced) with both LocalQueues; returns
-    once pods can be created in it."""
+    once pods can be created in it.
+
+    The default ServiceAccount, which admission requires of every pod, is applied with the
+    namespace rather than awaited from the controller-manager: on two busy cores its
+    ServiceAccount controller once took over a minute behind a queue of namespace deletions."""
     kubectl.apply(
         [
             {
@@ -930,14 +934,14 @@ def create_namespace_with_queues(kubectl: Kubectl, namespace: str, timeout: floa
                 "kind": "Namespace",
                 "metadata": {"name": namespace, "labels": dict(POD_SECURITY_LABELS)},
             },
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": "default", "namespace": namespace},
+            },
             *local_queue_objects(namespace),
         ]
     )
-    deadline = time.monotonic() + timeout
-    while kubectl.run("get", "serviceaccount", "default", "-n", namespace, check=False).returncode:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"namespace {namespace}: no default ServiceAccount after {timeout}s")
-        time.sleep(0.2)
 
 
 # --- the commands ----------------------------------------------------------------------------
