@@ -9,6 +9,10 @@ fails two of its scrapes (Prometheus then writes staleness markers). Once Promet
 of it, the helper's PromQL is evaluated at many moments around those events (the HTTP API's
 `time` parameter) and compared with what Prometheus' own samples say each window held.
 
+One exporter is scraped through two targets that differ by a label only (a PodMonitor and an
+annotations job both reading one pod): the helper counts the pod once, where a plain sum counts
+it twice.
+
 A third exporter serves vLLM's inter-token latency sum and count with a mean step of 20 ms,
 30 ms for one stretch's worth of time: each stretch's step time is the sum's growth over the
 count's between its first and last scrape, exactly, and the median of the stretches is the
@@ -34,6 +38,7 @@ from prometheus_api_client import PrometheusConnect
 from specdeploy.adapters.prometheus import (
     INTER_TOKEN_LATENCY_COUNT,
     INTER_TOKEN_LATENCY_SUM,
+    RevisionPods,
     by_stretch,
     stretch_step_seconds,
     window_increase,
@@ -88,22 +93,32 @@ class Exporter:
         self.server.server_close()
 
 
-def registered(cluster: ClusterEnv, exporters: list[Exporter]) -> tuple[str, Path]:
+def registered(
+    cluster: ClusterEnv,
+    exporters: list[Exporter],
+    scrapes: list[dict[str, str]] | None = None,
+) -> tuple[str, Path]:
     """(label matchers, target file): the exporters as targets of the test bed's Prometheus,
-    under a namespace label of their own."""
+    under a namespace label of their own, each with the labels of `scrapes` (by position)
+    beside; the matchers are the operator's own for one SD's revision."""
     if not cluster.prometheus_sd_dir:
         raise RuntimeError("this test needs the test bed's Prometheus file service discovery")
-    namespace = f"counting-{uuid.uuid4().hex[:8]}"
-    target_file = Path(cluster.prometheus_sd_dir) / f"{namespace}.json"
+    pods = RevisionPods(f"counting-{uuid.uuid4().hex[:8]}", "counting", "r1")
+    target_file = Path(cluster.prometheus_sd_dir) / f"{pods.namespace}.json"
     groups = [
         {
             "targets": [f"127.0.0.1:{exporter.port}"],
-            "labels": {"namespace": namespace, "specdeploy_dev_revision": "r1"},
+            "labels": {
+                "namespace": pods.namespace,
+                "specdeploy_dev_name": pods.name,
+                "specdeploy_dev_revision": pods.revision,
+                **(scrapes[n] if scrapes else {}),
+            },
         }
-        for exporter in exporters
+        for n, exporter in enumerate(exporters)
     ]
     target_file.write_text(json.dumps(groups))
-    return f'{{namespace="{namespace}",specdeploy_dev_revision="r1"}}', target_file
+    return pods.selector, target_file
 
 
 @pytest.fixture
@@ -124,15 +139,16 @@ def targets(cluster: ClusterEnv) -> Iterator[tuple[str, Exporter, Exporter, dict
         return BORN_AT if "born" in events else None
 
     created = {f'{CREATED}{{s="{s}"}}': (lambda now: start) for s in ("old", "reset", "born")}
+    # Each series stands for one pod's counter, as vLLM's are labelled `pod` by their scrape.
     first = Exporter(
         {
-            f'{METRIC}{{s="old"}}': steady,
-            f'{METRIC}{{s="reset"}}': restarted,
-            f'{METRIC}{{s="born"}}': born,
+            f'{METRIC}{{s="old",pod="old"}}': steady,
+            f'{METRIC}{{s="reset",pod="reset"}}': restarted,
+            f'{METRIC}{{s="born",pod="born"}}': born,
             **created,
         }
     )
-    second = Exporter({f'{METRIC}{{s="blip"}}': lambda now: 5000 + RATE * (now - start)})
+    second = Exporter({f'{METRIC}{{s="blip",pod="blip"}}': lambda now: 5000 + RATE * (now - start)})
     selector, target_file = registered(cluster, [first, second])
     try:
         yield selector, first, second, events
@@ -220,6 +236,34 @@ def test_a_series_born_inside_the_window_counts_from_zero_and_nothing_else_moves
     assert checked > 2 * WINDOW_S
     # The cause, on the real Prometheus: increase() cannot count a series' first sample.
     assert old_way_missed_it > 0
+
+
+def test_a_pod_scraped_by_two_jobs_counts_once(cluster: ClusterEnv, prometheus_url: str) -> None:
+    # One pod's counter, scraped by a PodMonitor and by an annotations job beside it: two
+    # series that differ by their scrape's labels only.
+    start = time.time()
+    exporter = Exporter({f'{METRIC}{{pod="p1"}}': lambda now: 100 + RATE * (now - start)})
+    selector, target_file = registered(
+        cluster, [exporter, exporter], [{"endpoint": "monitor"}, {"endpoint": "annotations"}]
+    )
+    client = PrometheusConnect(url=prometheus_url, disable_ssl=True)
+    try:
+        eventually(
+            lambda: len(client.custom_query(f"{METRIC}{selector}")) == 2,
+            60,
+            "both scrapes of the pod",
+        )
+        time.sleep(2 * WINDOW_S + 4)
+        once = window_increase(METRIC, selector, WINDOW)
+        twice = f"sum(increase({METRIC}{selector}[{WINDOW}]))"
+        for moment in (time.time() - 0.7 * n for n in range(4)):
+            counted = by_series(client, once, moment)[""]
+            assert 0.7 * RATE * WINDOW_S <= counted <= 1.3 * RATE * WINDOW_S, (moment, counted)
+            # The plain sum counts the pod twice.
+            assert by_series(client, twice, moment)[""] > 1.5 * counted, moment
+    finally:
+        target_file.unlink(missing_ok=True)
+        exporter.close()
 
 
 STEPS_PER_SECOND = 50.0

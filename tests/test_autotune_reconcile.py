@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from specdeploy.adapters.prometheus import RevisionPods
 from specdeploy.handlers.reconcile import Reconciler
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement
 from test_canary import GOOD, World
@@ -36,9 +37,9 @@ class TunedWorld(World):
         reconciler.measure_autotune = self._measure_autotune
         return reconciler
 
-    def _measure_autotune(self, _ns: str, revision: str, _window: str) -> AutotuneMeasurement:
-        self.autotune_reads.append(revision)
-        return self.tuning_measured.get(revision, AutotuneMeasurement())
+    def _measure_autotune(self, pods: RevisionPods, _window: str) -> AutotuneMeasurement:
+        self.autotune_reads.append(pods.revision)
+        return self.tuning_measured.get(pods.revision, AutotuneMeasurement())
 
     def reasons(self) -> list[str]:
         return [reason for _, reason, _ in self.events]

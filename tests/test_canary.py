@@ -42,7 +42,7 @@ class World:
             self.kube,  # type: ignore[arg-type]
             OperatorConfig(),
             lambda _b, type_, reason, message: self.events.append((type_, reason, message)),
-            measure=lambda _ns, revision, _window, _stretch: self.measured.get(revision, NOTHING),
+            measure=lambda pods, _window, _stretch, _at: self.measured.get(pods.revision, NOTHING),
             clock=lambda: self.now,
         )
         return self.reconciler

@@ -488,7 +488,7 @@ def judged_world(
         kube,  # type: ignore[arg-type]
         OperatorConfig(),
         lambda _body, _type, reason, message: events.append(f"{reason}: {message}"),
-        measure=lambda _ns, revision, _window, _stretch: measured.get(revision, Measurement()),
+        measure=lambda pods, _window, _stretch, _at: measured.get(pods.revision, Measurement()),
         clock=lambda: now[0],
     )
 

@@ -49,8 +49,8 @@ class ProbedWorld(World):
             self.kube,  # type: ignore[arg-type]
             OperatorConfig(),
             lambda _b, type_, reason, message: self.events.append((type_, reason, message)),
-            measure=lambda _ns, revision, _window, _stretch: self.measured.get(revision, NOTHING),
-            measure_probe=lambda _ns, revision: self.probes.get(revision),
+            measure=lambda pods, _window, _stretch, _at: self.measured.get(pods.revision, NOTHING),
+            measure_probe=lambda pods: self.probes.get(pods.revision),
             clock=lambda: self.now,
         )
         return self.reconciler

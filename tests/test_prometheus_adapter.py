@@ -24,13 +24,15 @@ from specdeploy.adapters.prometheus import (
     TIME_TO_FIRST_TOKEN_COUNT,
     TIME_TO_FIRST_TOKEN_SUM,
     PrometheusReader,
+    RevisionPods,
     accepted_by_position,
     autotune_queries,
     measurement_queries,
     probe_queries,
-    revision_selector,
     window_increase,
 )
+
+PODS = RevisionPods("serving", "chat", "abc123")
 
 # What the stand-in answers to each of the reader's queries, by figure: a number, or a vector
 # of (labels, number).
@@ -56,9 +58,7 @@ ANSWERS: dict[str, str | list[tuple[dict[str, str], str]]] = {
         ({"stretch": "1"}, "0.045"),
     ],
 }
-QUERIES = {
-    query: name for name, query in measurement_queries("serving", "abc123", "5m", "1m").items()
-}
+QUERIES = {query: name for name, query in measurement_queries(PODS, "5m", "1m").items()}
 
 
 def autotune_answers(revision: str, scraped_max: str) -> dict[str, str]:
@@ -73,7 +73,7 @@ def autotune_answers(revision: str, scraped_max: str) -> dict[str, str]:
         "engine_steps": "110",
         "scraped_max_batch_size": scraped_max,
     }
-    queries = autotune_queries("serving", revision, "5m")
+    queries = autotune_queries(RevisionPods("serving", "chat", revision), "5m")
     return {queries[name]: value for name, value in figures.items()}
 
 
@@ -132,7 +132,9 @@ def prometheus() -> Iterator[str]:
     yield from serve(FakePrometheus)
 
 
-SELECTOR = '{namespace="serving",specdeploy_dev_revision="abc123"}'
+#: The labels a pod's series are told apart by, when its doubles (two scrape jobs) fold.
+PER_SERIES = "pod, engine, finished_reason, position, le"
+SELECTOR = '{namespace="serving",specdeploy_dev_name="chat",specdeploy_dev_revision="abc123"}'
 
 
 def counted(metric: str, by: str = "") -> str:
@@ -140,9 +142,10 @@ def counted(metric: str, by: str = "") -> str:
     series = f"{metric}{SELECTOR}[5m]"
     seen_before = f"present_over_time({series} offset 5m)"
     grouping = f" by ({by})" if by else ""
+    per_series = PER_SERIES + (f", {by}" if by and by not in ("position", "le") else "")
     return (
-        f"sum{grouping} ((increase({series}) and {seen_before}) or "
-        f"(last_over_time({series}) unless {seen_before}))"
+        f"sum{grouping} (max by ({per_series}) ((increase({series}) and {seen_before}) or "
+        f"(last_over_time({series}) unless {seen_before})))"
     )
 
 
@@ -152,7 +155,7 @@ def test_a_series_first_seen_inside_the_window_counts_from_zero() -> None:
     # scrape). The real Prometheus' answers are checked in e2e/test_prometheus_counting.py.
     metric = "vllm:spec_decode_num_draft_tokens_total"
     assert window_increase(metric, SELECTOR, "5m") == counted(metric)
-    assert revision_selector("serving", "abc123") == SELECTOR
+    assert PODS.selector == SELECTOR
 
 
 def test_a_window_ending_earlier_is_counted_the_same_way() -> None:
@@ -161,8 +164,8 @@ def test_a_window_ending_earlier_is_counted_the_same_way() -> None:
     series = f"{metric}{SELECTOR}[1m] offset 120s"
     seen_before = f"present_over_time({metric}{SELECTOR}[1m] offset 180s)"
     assert shifted == (
-        f"sum ((increase({series}) and {seen_before}) or "
-        f"(last_over_time({series}) unless {seen_before}))"
+        f"sum (max by ({PER_SERIES}) ((increase({series}) and {seen_before}) or "
+        f"(last_over_time({series}) unless {seen_before})))"
     )
 
 
@@ -193,16 +196,17 @@ def stretch(ago: int, length: str) -> str:
 def test_the_step_time_is_read_per_stretch_of_the_window(
     window: str, interval: str, stretches: list[tuple[int, str]]
 ) -> None:
-    query = measurement_queries("serving", "abc123", window, interval)["stretch_step_seconds"]
+    query = measurement_queries(PODS, window, interval)["stretch_step_seconds"]
     assert query == " or ".join(stretch(ago, length) for ago, length in stretches)
     # Without the interval, no stretches are asked for.
-    assert "stretch_step_seconds" not in measurement_queries("serving", "abc123", window)
+    assert "stretch_step_seconds" not in measurement_queries(PODS, window)
 
 
 def test_the_sum_is_grouped_by_the_labels_asked_for() -> None:
     query = window_increase("vllm:time_to_first_token_seconds_bucket", "{}", "20s", ("le",))
     assert query.startswith(
-        "sum by (le) ((increase(vllm:time_to_first_token_seconds_bucket{}[20s])"
+        f"sum by (le) (max by ({PER_SERIES}) "
+        "((increase(vllm:time_to_first_token_seconds_bucket{}[20s])"
     )
     two = window_increase("vllm:request_success_total", "{}", "1m", ("le", "finished_reason"))
     assert two.startswith("sum by (le, finished_reason) (")
@@ -227,8 +231,8 @@ def test_only_an_exact_metric_name_is_counted(name: str) -> None:
 def test_every_counter_based_figure_counts_a_new_series_from_zero() -> None:
     # Once each window_increase of the reader's queries is taken out, no bare increase() or
     # rate() is left: no figure can lose the requests a pod served before its first scrape.
-    measured = measurement_queries("serving", "abc123", "5m")
-    tuned = autotune_queries("serving", "abc123", "5m")
+    measured = measurement_queries(PODS, "5m")
+    tuned = autotune_queries(PODS, "5m")
     figures = {
         **{f"measurement {name}": query for name, query in measured.items()},
         **{f"autotune {name}": query for name, query in tuned.items()},
@@ -277,7 +281,7 @@ def test_every_counter_based_figure_counts_a_new_series_from_zero() -> None:
 
 
 def test_queries_select_the_revision_by_namespace_and_label() -> None:
-    queries = measurement_queries("serving", "abc123", "5m")
+    queries = measurement_queries(PODS, "5m")
     for query in queries.values():
         assert "vllm:" in query
         # Every series by the revision's namespace and label (the failed requests' also by
@@ -285,13 +289,13 @@ def test_queries_select_the_revision_by_namespace_and_label() -> None:
         assert query.count("vllm:") == query.count(SELECTOR[:-1]) > 0
     # The step time's sum and count, exact where a p50 is interpolated inside a bucket: the
     # autotuner's step cost is their ratio.
-    assert autotune_queries("serving", "abc123", "5m")["step_seconds"] == (
+    assert autotune_queries(PODS, "5m")["step_seconds"] == (
         f"{queries['step_seconds_sum']} / {queries['steps']}"
     )
 
 
 def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:
-    measured = PrometheusReader(prometheus).measure("serving", "abc123", "5m", "1m")
+    measured = PrometheusReader(prometheus).measure(PODS, "5m", "1m")
     assert measured.error is None
     assert measured.acceptance_rate == pytest.approx(0.75)
     assert measured.mean_acceptance_length == pytest.approx(2.5)
@@ -315,7 +319,7 @@ def test_a_refused_stretches_query_leaves_the_window_s_mean_to_judge(
 ) -> None:
     reader = PrometheusReader(proxied)
     for _ in range(2):
-        measured = reader.measure("serving", "abc123", "5m", "1m")
+        measured = reader.measure(PODS, "5m", "1m")
         # Every other figure read; no stretches, so the step time is the window's mean.
         assert measured.error is None
         assert measured.stretch_step_seconds == ()
@@ -328,13 +332,14 @@ def test_a_refused_stretches_query_leaves_the_window_s_mean_to_judge(
 
 
 def test_no_traffic_gives_no_rate(prometheus: str) -> None:
-    measured = PrometheusReader(prometheus).measure("serving", "idle", "5m")
+    measured = PrometheusReader(prometheus).measure(RevisionPods("serving", "chat", "idle"), "5m")
     assert measured.acceptance_rate is None
     assert measured.draft_tokens == 0
 
 
 def test_unreachable_prometheus_is_a_measurement_with_the_error() -> None:
-    measured = PrometheusReader("http://127.0.0.1:9", timeout=1).measure("ns", "rev", "5m")
+    unreachable = PrometheusReader("http://127.0.0.1:9", timeout=1)
+    measured = unreachable.measure(RevisionPods("ns", "sd", "rev"), "5m")
     assert measured.error is not None
     assert "127.0.0.1:9" in measured.error
     # The cause, short enough for status and Events; the query is only logged.
@@ -346,7 +351,7 @@ def test_unreachable_prometheus_is_a_measurement_with_the_error() -> None:
 def test_the_autotuner_counts_its_mean_batch_and_bounds_the_scraped_largest_by_it(
     prometheus: str,
 ) -> None:
-    queries = autotune_queries("serving", "abc123", "5m")
+    queries = autotune_queries(PODS, "5m")
     assert queries["decode_steps"] == counted(INTER_TOKEN_LATENCY_COUNT)
     assert queries["first_tokens"] == counted(TIME_TO_FIRST_TOKEN_COUNT)
     assert queries["engine_steps"] == counted(ENGINE_STEPS)
@@ -355,11 +360,11 @@ def test_the_autotuner_counts_its_mean_batch_and_bounds_the_scraped_largest_by_i
     )
     reader = PrometheusReader(prometheus)
     # Every step ran a sequence, yet each scrape fell between requests and read the gauge at 0.
-    between = reader.measure_autotune("serving", "between", "5m")
+    between = reader.measure_autotune(RevisionPods("serving", "chat", "between"), "5m")
     assert between.error is None
     assert between.mean_batch_size == pytest.approx(1.0)  # (100 + 10) / 110
     assert between.max_batch_size == pytest.approx(1.0)
-    caught = reader.measure_autotune("serving", "caught", "5m")
+    caught = reader.measure_autotune(RevisionPods("serving", "chat", "caught"), "5m")
     assert caught.mean_batch_size == pytest.approx(1.0)
     assert caught.max_batch_size == pytest.approx(3.0)
 
@@ -395,7 +400,7 @@ PROBE_ANSWERS = {
 def test_the_probe_s_figures_are_summed_over_pods_by_prompt_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    queries = probe_queries("serving", "abc123")
+    queries = probe_queries(PODS)
     assert queries["draft_tokens"] == (
         f"sum by (prompt_set) (max by (pod, prompt_set) (specdeploy_probe_draft_tokens{SELECTOR}))"
     )
@@ -415,7 +420,7 @@ def test_the_probe_s_figures_are_summed_over_pods_by_prompt_set(
         ]
 
     monkeypatch.setattr(reader, "_vector", vector)
-    probe = reader.measure_probe("serving", "abc123")
+    probe = reader.measure_probe(PODS)
     assert probe is not None
     assert (probe.prompt_set, probe.pods, probe.complete, probe.prompts) == ("a1", 2, True, 8)
     assert probe.acceptance_rate == pytest.approx(0.8)
@@ -425,8 +430,9 @@ def test_the_probe_s_figures_are_summed_over_pods_by_prompt_set(
 
 
 def test_no_pod_reporting_a_probe_is_no_probe_and_a_failed_query_says_why() -> None:
-    assert PrometheusReader("http://127.0.0.1:9", timeout=1).measure_probe("ns", "r") is not None
-    failed = PrometheusReader("http://127.0.0.1:9", timeout=1).measure_probe("ns", "r")
+    unreachable = PrometheusReader("http://127.0.0.1:9", timeout=1)
+    assert unreachable.measure_probe(RevisionPods("ns", "sd", "r")) is not None
+    failed = unreachable.measure_probe(RevisionPods("ns", "sd", "r"))
     assert failed is not None
     assert failed.error is not None
     assert "127.0.0.1:9" in failed.error
@@ -460,12 +466,12 @@ def test_a_scrape_between_the_probe_s_queries_is_never_read_as_an_incomplete_pro
     # the queries, the reading is either none yet or the whole probe: a CI run read a complete
     # probe as incomplete (the `complete` gauge queried before the scrape, the pods after) and
     # the canary was judged on live traffic alone.
-    queries = probe_queries("serving", "abc123")
+    queries = probe_queries(PODS)
     by_query = {query: name for name, query in queries.items()}
     for scraped_after in range(len(queries) + 2):  # the pods are counted first and last
         reader = PrometheusReader("http://127.0.0.1:9")
         monkeypatch.setattr(reader, "_vector", _ScrapedAfter(scraped_after, by_query))
-        probe = reader.measure_probe("serving", "abc123")
+        probe = reader.measure_probe(PODS)
         if probe is None:
             assert scraped_after > 0
             continue

@@ -1,10 +1,15 @@
 """What Prometheus measured of one revision's pods, through prometheus-api-client.
 
 vLLM exports counters of drafts, draft tokens and accepted tokens and histograms of inter-token
-latency and time to first token; the pods' `namespace` and `specdeploy_dev_revision` labels (from
-the PodMonitor's podTargetLabels, or scrape annotations) select one revision. Acceptance rate =
-accepted tokens / draft tokens; mean acceptance length = 1 + accepted tokens / drafts, each
-counted over the window by `window_increase`.
+latency and time to first token; the pods' `namespace`, `specdeploy_dev_name` and
+`specdeploy_dev_revision` labels (from the PodMonitor's podTargetLabels, or scrape annotations)
+select one SD's revision: two SDs of the same pair in one namespace share a revision hash, and
+never each other's figures. A pod scraped twice (a PodMonitor and an annotations job beside it)
+counts once: each series is taken per pod (`max by (pod, ...)`) before the pods are summed.
+Every query of one reading is evaluated at one instant (`at`), so a scrape landing between two
+queries cannot skew a ratio of them, and the canary and the stable are read at the same moment.
+Acceptance rate = accepted tokens / draft tokens; mean acceptance length = 1 + accepted tokens /
+drafts, each counted over the window by `window_increase`.
 
 Every counter-based figure (the counters above, and a histogram's buckets, sum and count) is
 counted by `window_increase`, which counts a series Prometheus first saw inside the window from
@@ -22,6 +27,7 @@ import logging
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_api_client import PrometheusConnect
@@ -58,6 +64,11 @@ ENGINE_STEPS = "vllm:iteration_tokens_total_count"
 # Finished requests, by label finished_reason (stop, length, abort, error, repetition).
 REQUEST_SUCCESS = "vllm:request_success_total"
 REVISION_LABEL = "specdeploy_dev_revision"
+NAME_LABEL = "specdeploy_dev_name"
+#: The labels that tell one pod's series of a metric apart, kept when a pod's doubles (one per
+#: scrape job) are folded into one: vLLM's engine index, a finished request's reason, a draft
+#: position, a histogram bucket. The scrape's own labels (job, instance, endpoint) are dropped.
+_SERIES_KEYS = ("pod", "engine", "finished_reason", "position", "le")
 DEFAULT_TIMEOUT_SECONDS = 5
 
 
@@ -72,10 +83,22 @@ class PrometheusUnavailableError(Exception):
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
-def revision_selector(namespace: str, revision: str) -> str:
-    """The label matchers of one revision's pods, as `{namespace="...",specdeploy_dev_revision=
-    "..."}`, to put after a metric's name."""
-    return f"{{namespace={json.dumps(namespace)},{REVISION_LABEL}={json.dumps(revision)}}}"
+@dataclass(frozen=True)
+class RevisionPods:
+    """The pods of one revision of one SD, as Prometheus' labels select them."""
+
+    namespace: str
+    name: str
+    revision: str
+
+    @property
+    def selector(self) -> str:
+        """The label matchers, as `{namespace="...",specdeploy_dev_name="...",
+        specdeploy_dev_revision="..."}`, to put after a metric's name."""
+        return (
+            f"{{namespace={json.dumps(self.namespace)},{NAME_LABEL}={json.dumps(self.name)},"
+            f"{REVISION_LABEL}={json.dumps(self.revision)}}}"
+        )
 
 
 def window_increase(
@@ -93,11 +116,13 @@ def window_increase(
     - first seen inside the window: its last value in the window, all of it, since the counter
       started from zero inside the window (a new pod); `increase()` alone would miss every
       request the pod served before its first scrape.
-    A series that was present before the window but has fewer than two samples in it counts
-    nothing, and a failed scrape's staleness marker does not make a series look new (range
-    selectors skip it). Used for ratios (acceptance rate), counts (draft tokens), histogram
-    quantiles (`histogram_quantile(0.5, window_increase(bucket, ..., by=("le",)))`) and means
-    (sum over count); the answer is empty when no series matches.
+    The series of one pod that differ only by their scrape's labels (a pod scraped by two jobs)
+    count once (`max by` the pod and the labels of `_SERIES_KEYS`). A series that was present
+    before the window but has fewer than two samples in it counts nothing, and a failed scrape's
+    staleness marker does not make a series look new (range selectors skip it). Used for ratios
+    (acceptance rate), counts (draft tokens), histogram quantiles (`histogram_quantile(0.5,
+    window_increase(bucket, ..., by=("le",)))`) and means (sum over count); the answer is empty
+    when no series matches.
 
     `metric` must be an exact metric name: a regular expression over names would sum in the
     `<name>_created` series vLLM exports beside each counter.
@@ -109,9 +134,10 @@ def window_increase(
     series = f"{metric}{selector}[{window}]{shift}"
     seen_before = f"present_over_time({metric}{selector}[{window}] offset {before})"
     grouping = f" by ({', '.join(by)})" if by else ""
+    per_series = ", ".join(dict.fromkeys((*_SERIES_KEYS, *by)))
     return (
-        f"sum{grouping} ((increase({series}) and {seen_before}) or "
-        f"(last_over_time({series}) unless {seen_before}))"
+        f"sum{grouping} (max by ({per_series}) ((increase({series}) and {seen_before}) or "
+        f"(last_over_time({series}) unless {seen_before})))"
     )
 
 
@@ -143,12 +169,12 @@ def stretch_step_seconds(selector: str, window: str, stretch: str) -> str:
 
 
 def measurement_queries(
-    namespace: str, revision: str, window: str, stretch: str | None = None
+    pods: RevisionPods, window: str, stretch: str | None = None
 ) -> dict[str, str]:
     """The PromQL of each figure, for one revision over `window` (e.g. "5m"): counters and
     histograms' sums and counts, never a quantile (plan.rollout.analysis says why); with
     `stretch` (the analysis interval), the step time of each stretch of the window too."""
-    selector = revision_selector(namespace, revision)
+    selector = pods.selector
     failed = selector[:-1] + ',finished_reason=~"error|abort"}'
 
     def counted(metric: str, matchers: str = selector) -> str:
@@ -179,11 +205,11 @@ def measurement_queries(
     }
 
 
-def probe_queries(namespace: str, revision: str) -> dict[str, str]:
+def probe_queries(pods: RevisionPods) -> dict[str, str]:
     """The PromQL of a revision's probe figures (engine/probe.py exports them as gauges, constant
     for a pod's life): each summed over the pods that report one, by prompt set. A pod scraped
     twice (by a PodMonitor and by annotations) counts once."""
-    selector = revision_selector(namespace, revision)
+    selector = pods.selector
 
     def summed(suffix: str, by: tuple[str, ...] = ()) -> str:
         name = PROBE_METRIC_PREFIX + suffix
@@ -199,7 +225,7 @@ def probe_queries(namespace: str, revision: str) -> dict[str, str]:
     return queries
 
 
-def autotune_queries(namespace: str, revision: str, window: str) -> dict[str, str]:
+def autotune_queries(pods: RevisionPods, window: str) -> dict[str, str]:
     """The PromQL of the autotuner's inputs, for one revision over `window`.
 
     All but `accepted_per_position` (a vector by position) are single numbers. The step time is
@@ -208,7 +234,7 @@ def autotune_queries(namespace: str, revision: str, window: str) -> dict[str, st
     steps over engine steps); only the largest batch comes from the running-requests gauge, as
     the scrapes saw it, since no counter holds a maximum.
     """
-    selector = revision_selector(namespace, revision)
+    selector = pods.selector
 
     def counted(metric: str) -> str:
         return window_increase(metric, selector, window)
@@ -277,41 +303,47 @@ class PrometheusReader:
         #: Why the stretches' query failed, each cause logged once as a warning.
         self._stretches_failed: set[str] = set()
 
-    def _vector(self, query: str) -> list[dict[str, Any]]:
+    def _vector(self, query: str, at: float | None = None) -> list[dict[str, Any]]:
+        params = {"time": f"{at:.3f}"} if at is not None else None
         try:
-            result: list[dict[str, Any]] = self.client.custom_query(query)
+            result: list[dict[str, Any]] = self.client.custom_query(query, params=params)
         except (PrometheusApiClientException, RequestException, ValueError) as error:
             # The message lands in status and Events: the cause, not the (long) query.
             log.debug("query failed: %s: %s", query, error)
             raise PrometheusUnavailableError(f"{self.url}: {_cause(error)}") from error
         return result
 
-    def _instant(self, query: str) -> float | None:
-        result = self._vector(query)
+    def _instant(self, query: str, at: float | None = None) -> float | None:
+        result = self._vector(query, at)
         if not result:
             return None
         value = float(result[0]["value"][1])
         return None if math.isnan(value) else value  # NaN: nothing in the window
 
     def measure(
-        self, namespace: str, revision: str, window: str, stretch: str | None = None
+        self,
+        pods: RevisionPods,
+        window: str,
+        stretch: str | None = None,
+        at: float | None = None,
     ) -> Measurement:
-        """The revision's figures over `window`, with the step time of each of its stretches
-        when `stretch` is given; a failed query is a Measurement with `error`. When only the
-        stretches' query fails (its URL is several KiB long, which a proxy in front of
+        """The revision's figures over the `window` that ends at `at` (seconds since the epoch;
+        None: Prometheus' now), every query evaluated there, with the step time of each of its
+        stretches when `stretch` is given; a failed query is a Measurement with `error`. When
+        only the stretches' query fails (its URL is several KiB long, which a proxy in front of
         Prometheus may refuse), the figures come without stretches, so the window's mean step
         time is judged, and the cause is logged."""
-        queries = measurement_queries(namespace, revision, window, stretch)
+        queries = measurement_queries(pods, window, stretch)
         split = queries.pop("stretch_step_seconds", None)
         try:
-            accepted = accepted_by_position(self._vector(queries.pop("accepted_per_position")))
-            found = {name: self._instant(query) for name, query in queries.items()}
+            accepted = accepted_by_position(self._vector(queries.pop("accepted_per_position"), at))
+            found = {name: self._instant(query, at) for name, query in queries.items()}
         except PrometheusUnavailableError as error:
             return Measurement(error=str(error))
         stretches: tuple[float, ...] = ()
         if split is not None:
             try:
-                stretches = by_stretch(self._vector(split))
+                stretches = by_stretch(self._vector(split, at))
             except PrometheusUnavailableError as error:
                 said = str(error) not in self._stretches_failed
                 self._stretches_failed.add(str(error))
@@ -337,7 +369,7 @@ class PrometheusReader:
             failed=found["failed"] or (0.0 if found["finished"] is not None else None),
         )
 
-    def measure_probe(self, namespace: str, revision: str) -> ProbeResult | None:
+    def measure_probe(self, pods: RevisionPods) -> ProbeResult | None:
         """What the revision's pods measured on the probe (None: no pod reports one yet); a
         failed query is a ProbeResult with `error`. When its pods ran different prompt sets
         (the ConfigMap changed between their starts), the set most pods ran.
@@ -346,7 +378,7 @@ class PrometheusReader:
         appear in one scrape and stay, so the pods reporting are counted first and again last,
         and a reading whose counts differ is no reading yet (None), never one that sums some
         figures with the pod and some without (its probe read as incomplete)."""
-        queries = probe_queries(namespace, revision)
+        queries = probe_queries(pods)
         pods_query = queries.pop("pods")
         try:
             first = self._vector(pods_query)
@@ -355,10 +387,10 @@ class PrometheusReader:
             last = self._vector(pods_query)
         except PrometheusUnavailableError as error:
             return ProbeResult(prompt_set="", error=str(error))
-        pods = _pods_by_prompt_set(first)
-        if not pods or pods != _pods_by_prompt_set(last):
+        reporting = _pods_by_prompt_set(first)
+        if not reporting or reporting != _pods_by_prompt_set(last):
             return None
-        chosen = max(pods, key=lambda key: (pods[key], key))
+        chosen = max(reporting, key=lambda key: (reporting[key], key))
 
         def value(name: str) -> float:
             for series in found[name]:
@@ -372,7 +404,7 @@ class PrometheusReader:
         )
         return ProbeResult(
             prompt_set=chosen,
-            pods=int(pods[chosen]),
+            pods=int(reporting[chosen]),
             complete_pods=int(value("complete")),
             prompts=int(value("prompts")),
             requests=value("requests"),
@@ -388,13 +420,17 @@ class PrometheusReader:
             first_tokens=value("first_tokens"),
         )
 
-    def measure_autotune(self, namespace: str, revision: str, window: str) -> AutotuneMeasurement:
+    def measure_autotune(
+        self, pods: RevisionPods, window: str, at: float | None = None
+    ) -> AutotuneMeasurement:
         """The autotuner's inputs for the revision over `window`; a failed query is an
         AutotuneMeasurement with `error`."""
-        queries = autotune_queries(namespace, revision, window)
+        queries = autotune_queries(pods, window)
         try:
-            per_position = accepted_by_position(self._vector(queries.pop("accepted_per_position")))
-            found = {name: self._instant(query) for name, query in queries.items()}
+            per_position = accepted_by_position(
+                self._vector(queries.pop("accepted_per_position"), at)
+            )
+            found = {name: self._instant(query, at) for name, query in queries.items()}
         except PrometheusUnavailableError as error:
             return AutotuneMeasurement(error=str(error))
         mean = running_batch(found["decode_steps"], found["first_tokens"], found["engine_steps"])

@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from specdeploy.adapters.kube import KubeAdapter, WriteRefusedError
 from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.adapters.model_config import ModelShapes
-from specdeploy.adapters.prometheus import PrometheusReader
+from specdeploy.adapters.prometheus import PrometheusReader, RevisionPods
 from specdeploy.api import labels
 from specdeploy.api.conditions import Reason
 from specdeploy.api.config import OperatorConfig
@@ -64,13 +64,14 @@ POD_MONITOR_API_VERSION = "monitoring.coreos.com/v1"
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 
 
-# (namespace, revision, window, stretch) -> what Prometheus measured of the revision's pods,
-# with the step time of each stretch of the window (stretch: the analysis interval).
-Measure = Callable[[str, str, str, str], Measurement]
-# (namespace, revision, window) -> the autotuner's inputs for the revision's pods.
-MeasureAutotune = Callable[[str, str, str], AutotuneMeasurement]
-# (namespace, revision) -> what the revision's pods measured on the probe (None: nothing yet).
-MeasureProbe = Callable[[str, str], ProbeResult | None]
+# (pods, window, stretch, at) -> what Prometheus measured of one SD's revision's pods over the
+# window that ends at `at` (seconds since the epoch), with the step time of each stretch of the
+# window (stretch: the analysis interval).
+Measure = Callable[[RevisionPods, str, str, float], Measurement]
+# (pods, window) -> the autotuner's inputs for the revision's pods.
+MeasureAutotune = Callable[[RevisionPods, str], AutotuneMeasurement]
+# (pods) -> what the revision's pods measured on the probe (None: nothing yet).
+MeasureProbe = Callable[[RevisionPods], ProbeResult | None]
 
 
 class Reconciler:
@@ -272,7 +273,8 @@ class Reconciler:
             sd.spec, previous, settings.interval, self.clock()
         ):
             return None
-        return self.measure_autotune(sd.metadata.namespace or "", revision, settings.window)
+        pods = RevisionPods(sd.metadata.namespace or "", sd.metadata.name or "", revision)
+        return self.measure_autotune(pods, settings.window)
 
     def _measurements(
         self,
@@ -304,8 +306,12 @@ class Reconciler:
             r for d in deployments if (r := read_revision_deployment(d, ready_pods)) is not None
         )
         namespace, name = sd.metadata.namespace or "", sd.metadata.name or ""
+        # Every revision read at one instant, the one the window was cut at.
+        at = self.clock().timestamp()
         measured = {
-            r.revision: self.measure(namespace, r.revision, window, settings.interval)
+            r.revision: self.measure(
+                RevisionPods(namespace, name, r.revision), window, settings.interval, at
+            )
             for r in serving
             if r.ready_replicas > 0
         }
@@ -344,7 +350,9 @@ class Reconciler:
                 continue
             if revision.pods == 0:
                 continue
-            measured = self.measure_probe(sd.metadata.namespace or "", revision.revision)
+            measured = self.measure_probe(
+                RevisionPods(sd.metadata.namespace or "", sd.metadata.name or "", revision.revision)
+            )
             if measured is not None:
                 found[revision.revision] = measured
         return found
