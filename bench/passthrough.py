@@ -497,7 +497,7 @@ class Reaction:
         and -> the fallback serving."""
         guarded = canary_sd(self.namespace, self.models, "draft-small", "1-small")
         guarded["spec"]["rollout"]["collapseGuard"] = {
-            "floor": 0.95,
+            "floor": 0.99,
             "for": f"{COLLAPSE_FOR_S}s",
             "action": "DisableSpeculation",
         }

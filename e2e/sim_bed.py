@@ -34,10 +34,10 @@ ANALYSIS = {"interval": f"{INTERVAL_S}s", "window": "30s"}
 READY_S = 180
 VERDICT_S = 300
 BATCH = 8
-#: One draft token a step: the default minAcceptanceRate (0.6) is a floor on accepted / draft
-#: tokens, which falls as k grows (the good head reads about 0.63 at k=2 and 0.58 at k=3 while
-#: each step emits more); at k=1 every head here is judged by what it predicts, not by its k.
-TOKENS = 1
+#: Three draft tokens a step, a length users run. The good head's acceptance rate (accepted over
+#: draft tokens) reads about 0.58 at k=3, under the default minAcceptanceRate of 0.6, while each
+#: of its steps emits 2.5 tokens: the floor is on the first position's acceptance (0.8).
+TOKENS = 3
 GOOD_ACCEPTANCE = [0.8, 0.72, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4]
 #: Profiles of these modules' own (added to the built-in catalog through the pods' env).
 CATALOG = {

@@ -6,8 +6,9 @@ same probe before it serves (e2e/sim_bed.py). Only the pacing differs from the d
 verdict every 5 s over the last 30 s); every criterion is the default. `PerPodLoad` keeps each
 ready engine at a running batch of 8.
 
-1. target alone → the good EAGLE-3 head at k=1: promoted, faster per token though every step
-   is longer, on figures a GPU gives (a 20 ms target step);
+1. target alone → the good EAGLE-3 head at k=3: promoted, faster per token though every step
+   is longer, on figures a GPU gives (a 20 ms target step), and though its acceptance rate is
+   under the 0.6 floor (the floor reads the first position, which does not fall with k);
 2. → the same head again, while the stable's queries fail for four intervals: held, never
    promoted until they answer, then promoted;
 3. → a head accepted 95 % but slow to run: rolled back on its time per output token;
@@ -60,6 +61,8 @@ def test_1_a_good_head_is_promoted_beside_the_target_alone_on_gpu_shaped_steps(
         # ... beaten per token by the head, though each of its steps is longer.
         assert verdict["timePerOutputTokenSeconds"] < theirs / 1.3, verdict
         assert verdict["stepSeconds"] > theirs, verdict
+        # The rate a k=3 head reads, under minAcceptanceRate: not what the floor judges.
+        assert verdict["acceptanceRate"] < 0.6, verdict
     assert bed.serving("2-good") == canary
 
 
@@ -115,7 +118,7 @@ def test_4_a_bad_head_is_rolled_back_on_its_probe_before_any_user_request(bed: B
     canary, analysis, verdicts, load = bed.canary("sim/eagle3-bad", "5-bad")
     assert analysis["outcome"] == "Rollback"
     assert [(v["source"], v["result"]) for v in verdicts] == [("Probe", "Fail")]
-    assert verdicts[0]["message"].startswith("probe: acceptance 0.0"), verdicts
+    assert verdicts[0]["message"].startswith("probe: first-position acceptance 0.0"), verdicts
     assert load.sent[canary] == 0
     served = prometheus_value(
         bed.cluster.prometheus_url,

@@ -2,10 +2,10 @@
 
 The stable serves the target alone; a good EAGLE-3 head runs as a canary (e2e/sim_bed.py).
 Once its analysis has judged an interval, Prometheus hangs (SIGSTOP: every query times out):
-the analysis holds, a failure is never counted for missing data, and nothing is promoted. The
-operator is SIGKILLed during the outage, mid-analysis; the new process resumes from status,
-judges the next intervals (Inconclusive), and once Prometheus answers again promotes the
-canary, each interval counted once across the restart.
+the analysis holds, its intervals are Errors (not verdicts: nothing counts for or against the
+canary), and nothing is promoted. The operator is SIGKILLed during the outage, mid-analysis;
+the new process resumes from status, records the next intervals (Error), and once Prometheus
+answers again promotes the canary, each interval counted once across the restart.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_the_analysis_holds_while_prometheus_is_down_survives_a_killed_operator_
                 sd = bed.sd()
                 progressing = condition(sd, "Progressing")
                 unavailable = "metrics unavailable" in progressing.get("message", "")
-                held = progressing.get("reason") == "AnalysisInconclusive" and unavailable
+                held = progressing.get("reason") == "MetricsUnavailable" and unavailable
                 return sd if held else None
 
             held = eventually(holding, 90, "the analysis to hold on missing metrics")
@@ -71,18 +71,19 @@ def test_the_analysis_holds_while_prometheus_is_down_survives_a_killed_operator_
                 later = [
                     v
                     for v in bed.verdicts(canary)
-                    if v["interval"] > killed_at and v["result"] == "Inconclusive"
+                    if v["interval"] > killed_at and v["result"] == "Error"
                 ]
                 return later if len(later) >= 2 else None
 
             eventually(
                 judged_twice_since_the_kill,
                 6 * INTERVAL_S + 60,
-                f"two Inconclusive verdicts after interval {killed_at} from the new process",
+                f"two Error intervals after interval {killed_at} from the new process",
             )
             status = bed.status()
             assert status["stableRevision"] == stable, "nothing promoted while Prometheus is down"
             assert status["analysis"]["outcome"] == "Hold", status["analysis"]
+            assert status["analysis"]["errorsInARow"] >= 2, status["analysis"]
             assert status["analysis"]["failures"] == failures, (
                 "missing data is never a failure",
                 status["analysis"],
@@ -93,7 +94,7 @@ def test_the_analysis_holds_while_prometheus_is_down_survives_a_killed_operator_
     print(f"\noutage: outcome {analysis['outcome']} {took:.0f} s after Prometheus came back")
     assert analysis["outcome"] == "Promote", verdicts
     results = [v["result"] for v in verdicts]
-    assert "Inconclusive" in results, verdicts
+    assert "Error" in results, verdicts
     assert results.count("Pass") >= 3, verdicts
     # Each interval counted once, across the restart too.
     intervals = [v["interval"] for v in verdicts if v["source"] == "Live"]

@@ -392,12 +392,12 @@ def run(env: ClusterEnv, kubectl: Kubectl, operator: ChartOperator) -> None:
     with step("The collapse guard: acceptance below its floor takes speculation off"):
         body = demo_sd(models, GOOD_DRAFT, "1.0-small")
         body["spec"]["rollout"]["collapseGuard"] = {
-            "floor": 0.95,
+            "floor": 0.99,
             "for": "10s",
             "action": "DisableSpeculation",
         }
-        say("the good pair again, guarded by a floor of 0.95: above the ~0.8 this draft reaches")
-        say("here, so to the guard its acceptance has collapsed (the tiny drafts accept about")
+        say("the good pair again, guarded by a floor of 0.99: above the ~0.9 this draft's first")
+        say("token reaches here, so to the guard it has collapsed (the tiny drafts accept about")
         say(
             "as well whatever the prompt; on a real cluster the floor stays ~0.5 and traffic moves)"
         )

@@ -19,7 +19,7 @@ from specdeploy.plan.rollout.analysis import (
     judge_interval,
     live_window,
 )
-from vllm_windows import served
+from vllm_windows import figures, served
 
 CRITERIA = AnalysisSettings()
 PASS = IntervalVerdict(Result.PASS, "")
@@ -46,9 +46,45 @@ def test_a_bad_draft_fails_with_its_figures() -> None:
     bad = served(0.012, k=3, accepted_per_step=0).measurement()
     verdict = judge_interval(bad, TARGET_ALONE, stable_has_draft=False, criteria=CRITERIA)
     assert verdict.result == Result.FAIL
-    assert verdict.message.startswith("acceptance 0.00 < 0.60 over 5,760 draft tokens")
+    assert verdict.message.startswith(
+        "first-position acceptance 0.00 < 0.60 over 5,760 draft tokens"
+    )
     # The same draft is also slower per token than the target alone (12 ms a token), and says so.
     assert "time per output token 12.0 ms is 1.50x the stable's 8.0 ms" in verdict.message
+
+
+def _drafting(per_token: float, k: int, step: float) -> Measurement:
+    """A window of a draft whose every token is accepted with `per_token` odds, at k."""
+    per_position = tuple(per_token ** (i + 1) for i in range(k))
+    rate = sum(per_position) / k
+    measured = figures(rate, 1 + sum(per_position), step, draft_tokens=2400.0 * k, steps=2400.0)
+    return replace(measured, acceptance_per_position=per_position)
+
+
+@pytest.mark.parametrize(
+    ("per_token", "k"),
+    # The acceptance rate falls with k for the same draft: 0.51, 0.54 and 0.49 here, all under
+    # the 0.6 floor, while every one of them is faster per token than the target alone.
+    [(0.7, 3), (0.8, 5), (0.8, 6)],
+)
+def test_a_good_long_draft_passes_the_floor_on_its_first_position(per_token: float, k: int) -> None:
+    # Target alone 20 ms a step; the pair 30 ms a step: k=3 at 0.7 is 2.53 tokens a step,
+    # 11.8 ms a token (1.69x faster).
+    canary = _drafting(per_token, k, 0.030)
+    assert canary.acceptance_rate is not None
+    assert canary.acceptance_rate < 0.6
+    verdict = judge_interval(canary, figures(None, 1.0, 0.020), False, CRITERIA)
+    assert verdict.result == Result.PASS, verdict.message
+    assert verdict.time_per_output_token is not None
+    assert verdict.time_per_output_token < 0.6 * 0.020
+
+
+def test_the_floor_reads_the_first_position_whatever_k() -> None:
+    # 0.55 a token is under the floor at any k: the first position reads 0.55 at k=1 and k=5.
+    for k in (1, 5):
+        verdict = judge_interval(_drafting(0.55, k, 0.030), None, False, CRITERIA)
+        assert verdict.result == Result.FAIL
+        assert verdict.message.startswith("first-position acceptance 0.55 < 0.60"), k
 
 
 @pytest.mark.parametrize(
@@ -56,13 +92,22 @@ def test_a_bad_draft_fails_with_its_figures() -> None:
     [
         (replace(PAIR, draft_tokens=1999), "fewer than the 2,000"),
         (Measurement(acceptance_rate=None, draft_tokens=0), "fewer than the 2,000"),
-        (Measurement(error="connection refused"), "metrics unavailable: connection refused"),
     ],
 )
-def test_too_little_data_or_no_prometheus_is_inconclusive(canary: Measurement, why: str) -> None:
+def test_too_little_data_is_inconclusive(canary: Measurement, why: str) -> None:
     verdict = judge_interval(canary, PAIR, stable_has_draft=True, criteria=CRITERIA)
     assert verdict.result == Result.INCONCLUSIVE
     assert why in verdict.message
+
+
+def test_no_answer_from_prometheus_is_an_error_not_a_verdict() -> None:
+    unread = Measurement(error="connection refused")
+    verdict = judge_interval(unread, PAIR, stable_has_draft=True, criteria=CRITERIA)
+    assert verdict.result == Result.ERROR
+    assert "metrics unavailable: connection refused" in verdict.message
+    verdict = judge_interval(PAIR, replace(PAIR, error="timed out"), True, CRITERIA)
+    assert verdict.result == Result.ERROR
+    assert "the stable's figures could not be read: timed out" in verdict.message
 
 
 @pytest.mark.parametrize(
@@ -72,11 +117,11 @@ def test_too_little_data_or_no_prometheus_is_inconclusive(canary: Measurement, w
         (Measurement(), "the stable decoded nothing in the window"),
     ],
 )
-def test_a_failed_or_empty_stable_measurement_is_inconclusive_never_a_pass(
+def test_a_failed_or_empty_stable_measurement_is_never_a_pass(
     stable: Measurement, why: str
 ) -> None:
     verdict = judge_interval(PAIR, stable, stable_has_draft=True, criteria=CRITERIA)
-    assert verdict.result == Result.INCONCLUSIVE
+    assert verdict.result == (Result.ERROR if stable.error else Result.INCONCLUSIVE)
     assert why in verdict.message
     # A floor failure still fails: the canary's own figures suffice for it.
     bad = served(0.012, k=3, accepted_per_step=0).measurement()
@@ -290,7 +335,30 @@ def test_missing_data_never_promotes_under_hold_and_judging_goes_on() -> None:
         Outcome.HOLD,
         Outcome.HOLD,
     ]
-    assert run([PASS, PASS, NO_DATA, PASS])[-1] == Outcome.PROMOTE
+    # An Inconclusive breaks the run of passes: they are counted in a row again after it.
+    assert run([PASS, PASS, NO_DATA, PASS])[-1] == Outcome.CONTINUE
+    assert run([PASS, PASS, NO_DATA, PASS, PASS, PASS])[-1] == Outcome.PROMOTE
+
+
+UNANSWERED = IntervalVerdict(Result.ERROR, "metrics unavailable")
+
+
+def test_an_error_counts_neither_way_and_holds_whatever_the_policy() -> None:
+    # Prometheus down for 25 intervals: never a rollback at the inconclusive limit (20), and
+    # neither onInconclusive policy acts on it.
+    for policy in ("Hold", "Rollback", "Promote"):
+        criteria = AnalysisSettings(on_inconclusive=policy)
+        assert set(run([UNANSWERED] * 25, criteria)) == {Outcome.HOLD}, policy
+    # The clock pauses: passes on either side of an outage still count in a row, and a failure
+    # before it still counts towards the limit.
+    assert run([PASS, PASS, UNANSWERED, UNANSWERED, PASS])[-1] == Outcome.PROMOTE
+    assert run([FAIL, UNANSWERED, FAIL])[-1] == Outcome.ROLLBACK
+    state = AnalysisState()
+    for number, verdict in enumerate([NO_DATA, UNANSWERED, UNANSWERED]):
+        state, _ = advance(state, number, verdict, CRITERIA)
+    assert (state.inconclusive_in_a_row, state.errors_in_a_row, state.last_interval) == (1, 2, 2)
+    state, _ = advance(state, 3, PASS, CRITERIA)
+    assert state.errors_in_a_row == 0
 
 
 def test_inconclusive_follows_the_policy() -> None:
@@ -384,13 +452,13 @@ def test_a_tuned_k_keeps_the_acceptance_floor() -> None:
     canary = _k6(0.020, acceptance=0.55)  # 245 tokens/s, but below minAcceptanceRate 0.60
     verdict = judge_interval(canary, STABLE_K3, True, CRITERIA, tuned=True)
     assert verdict.result == Result.FAIL
-    assert verdict.message.startswith("tuned revision: acceptance 0.55 < 0.60")
+    assert verdict.message.startswith("tuned revision: first-position acceptance 0.55 < 0.60")
 
 
-def test_a_tuned_k_without_the_stable_s_step_time_is_inconclusive() -> None:
+def test_a_tuned_k_without_the_stable_s_step_time_is_an_error() -> None:
     stable = replace(STABLE_K3, error="timed out")
     verdict = judge_interval(_k6(0.026), stable, True, CRITERIA, tuned=True)
-    assert verdict.result == Result.INCONCLUSIVE
+    assert verdict.result == Result.ERROR
     assert "the stable's figures could not be read" in verdict.message
 
 
@@ -454,3 +522,15 @@ def test_fewer_than_three_stretches_are_judged_on_the_window_s_mean(count: int) 
     assert verdict.result == Result.FAIL, verdict.message
     assert "1.15x" in verdict.message
     assert "stretches" not in verdict.message
+
+
+def test_latency_is_not_compared_when_a_running_batch_was_not_measured() -> None:
+    # vLLM's iteration histogram dropped (a relabeling to save series): no batch to compare,
+    # so the latency is not judged, and the verdict says which side lacks it.
+    unmeasured = replace(PAIR, engine_steps=None)
+    verdict = judge_interval(unmeasured, TARGET_ALONE, False, CRITERIA)
+    assert verdict.result == Result.INCONCLUSIVE
+    assert "latency not compared: the canary's running batch was not measured" in verdict.message
+    verdict = judge_interval(PAIR, replace(TARGET_ALONE, engine_steps=None), False, CRITERIA)
+    assert verdict.result == Result.INCONCLUSIVE
+    assert "the stable's running batch was not measured" in verdict.message

@@ -124,7 +124,9 @@ def test_a_bad_probe_decides_before_any_interval() -> None:
         settings=AnalysisSettings(),
     )
     assert (decision.outcome, decision.intervals) == ("Rollback", 0)
-    assert decision.verdicts[0].startswith("probe Fail: probe: acceptance 0.01 < 0.60")
+    assert decision.verdicts[0].startswith(
+        "probe Fail: probe: first-position acceptance 0.01 < 0.60"
+    )
 
 
 def test_accuracy_has_a_wilson_interval_and_a_verdict() -> None:

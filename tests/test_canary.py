@@ -161,7 +161,7 @@ def test_a_bad_canary_is_rolled_back_the_stable_keeps_serving_and_it_is_not_retr
     assert world.status["phase"] == "RolledBack"
     degraded = world.condition("Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "RolledBack")
-    assert "acceptance 0.08 < 0.60 over 2,412 draft tokens" in degraded["message"]
+    assert "first-position acceptance 0.08 < 0.60 over 2,412 draft tokens" in degraded["message"]
     assert "2 failed verdicts" in degraded["message"]
     # Ready means serving: the stable revision serves every replica (kubectl wait, HPA).
     ready = world.condition("Ready")
@@ -439,6 +439,20 @@ def test_a_plain_new_revision_that_never_gets_ready_is_stopped_at_its_deadline()
     world.reconciler.reconcile("ns", "chat")
     assert world.replicas() == {stable: 2, new: 0}
     assert world.condition("Degraded")["reason"] == "ProgressDeadlineExceeded"
+
+
+def test_the_acceptance_column_shows_the_payoff_of_a_pair_rolled_out_without_analysis() -> None:
+    # A new user's first SD: a pair, no canary, no analysis, no guard. What it pays is still
+    # measured and shown (status.acceptanceRate, the ACCEPTANCE column).
+    world = World()
+    sd = world.kube.objects[("SpeculativeDeployment", "ns", "chat")]
+    sd["spec"].pop("rollout")
+    world.step()
+    stable = world.status["stableRevision"]
+    world.measured = {stable: GOOD}
+    world.step(60)
+    assert world.status["acceptanceRate"] == pytest.approx(0.8)
+    assert world.status["meanAcceptanceLength"] == pytest.approx(3.2)
 
 
 def test_the_acceptance_column_is_empty_while_the_target_serves_alone() -> None:

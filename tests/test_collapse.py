@@ -36,6 +36,24 @@ def watch(
     )
 
 
+def test_a_long_draft_whose_first_token_is_accepted_never_collapses() -> None:
+    # k=6 at 0.8 a token: an acceptance rate of 0.49, under the 0.5 floor, while 3.95 tokens
+    # come of each step. The guard reads the first position, 0.80.
+    per_position = tuple(0.8 ** (i + 1) for i in range(6))
+    long = Measurement(
+        acceptance_rate=sum(per_position) / 6,
+        draft_tokens=5000,
+        acceptance_per_position=per_position,
+    )
+    assert long.acceptance_rate is not None
+    assert long.acceptance_rate < GUARD.floor
+    state = watch(None, long, 0).state
+    verdict = watch(state, long, 600)
+    assert not verdict.fired
+    assert verdict.state.below_since is None
+    assert verdict.state.message == "first-position acceptance 0.80"
+
+
 def test_below_the_floor_for_the_whole_period_fires_once_and_holds() -> None:
     first = watch(None, rate(0.3), 0)
     assert not first.fired
@@ -43,7 +61,7 @@ def test_below_the_floor_for_the_whole_period_fires_once_and_holds() -> None:
     fired = watch(first.state, rate(0.3), 60)
     assert fired.fired
     assert [e.reason for e in fired.events] == ["AcceptanceCollapsed"]
-    assert "acceptance 0.30 < floor 0.50" in fired.events[0].message
+    assert "first-position acceptance 0.30 < floor 0.50" in fired.events[0].message
     assert RESUME_ANNOTATION in fired.events[0].message
     # Held, whatever acceptance does now, and said once.
     held = watch(fired.state, rate(0.9), 120)
@@ -106,7 +124,7 @@ def test_disable_speculation_rolls_out_the_target_alone_through_new_pods() -> No
     assert world.replicas() == {pair: 0, fallback: 2}
     speculation = world.status["speculation"]
     assert (speculation["state"], speculation["reason"]) == ("Disabled", "DisabledAfterCollapse")
-    assert "acceptance 0.20 < floor 0.50" in speculation["message"]
+    assert "first-position acceptance 0.20 < floor 0.50" in speculation["message"]
     degraded = world.condition("Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "AcceptanceCollapsed")
     [fallback_record] = [r for r in world.status["revisions"] if r["revision"] == fallback]

@@ -127,16 +127,23 @@ def test_a_good_canary_is_promoted_after_its_passes_and_takes_requests_all_along
     assert run.state.reason == EndReason.ANALYSIS
 
 
-def test_a_failed_stable_query_never_promotes_and_the_hold_ends_at_the_limit() -> None:
+def test_a_failed_stable_query_holds_the_canary_and_counts_neither_way() -> None:
+    # Prometheus does not answer for the stable past the inconclusive limit: no rollback, no
+    # promotion; the canary is held, and judged again once Prometheus answers.
     run = Run(settings=SETTINGS.model_copy(update={"inconclusive_limit": 4}))
     run.step()
     broken = {"canary": GOOD, "stable": Measurement(error="timed out")}
-    outcomes = [run.step(10, measured=broken).outcome for _ in range(4)]
-    assert outcomes == [Outcome.HOLD, Outcome.HOLD, Outcome.HOLD, Outcome.ROLLBACK]
+    outcomes = [run.step(10, measured=broken).outcome for _ in range(6)]
+    assert outcomes == [Outcome.HOLD] * 6
     assert run.state is not None
-    assert run.state.reason == EndReason.INCONCLUSIVE_LIMIT
-    assert run.state.message.startswith("4 inconclusive verdicts in a row (inconclusiveLimit 4)")
+    assert run.state.errors_in_a_row == 6
+    assert run.state.inconclusive_in_a_row == 0
+    assert run.state.reason is None
     assert "the stable's figures could not be read: timed out" in run.state.message
+    assert run.state.judged_at is None
+    healed = [run.step(10).outcome for _ in range(SETTINGS.promote_after)]
+    assert healed[-1] == Outcome.PROMOTE
+    assert run.state.errors_in_a_row == 0
 
 
 def test_a_canary_seen_ready_late_goes_live_when_its_pods_turned_ready() -> None:
@@ -249,7 +256,9 @@ def test_a_bad_draft_is_rolled_back_on_the_probe_before_its_gate_opens() -> None
     assert not judged.open_gate
     assert judged.source == "Probe"
     assert judged.state is not None
-    assert judged.state.message.startswith("probe: acceptance 0.02 < 0.60 on the probe's 8 prompts")
+    assert judged.state.message.startswith(
+        "probe: first-position acceptance 0.02 < 0.60 on the probe's 8 prompts"
+    )
     assert judged.state.failures >= SETTINGS.failure_limit
 
 
@@ -332,6 +341,25 @@ def test_the_probe_compares_another_k_on_the_positions_both_draft() -> None:
         "acceptance 0.70 over the first position (the canary drafts 3, the stable 1) is 0.18 "
         "below the stable's 0.88 on the same prompts" in dropped.verdict.message
     )
+
+
+def test_a_long_draft_passes_the_probe_s_floor_on_its_first_position() -> None:
+    # k=3 at 0.7 a token beside the target alone: an acceptance rate of 0.51, under the 0.6
+    # floor, for 2.53 tokens a step; its first position reads 0.70.
+    long = probe(0.511, acceptance_per_position=[0.7, 0.49, 0.343])
+    passed = Run(probe_configured=True).step(
+        canary=view(ready=False), probes={"canary": long, "stable": probe(None)}
+    )
+    assert passed.open_gate
+    assert passed.outcome != Outcome.ROLLBACK
+    # Its first position under the floor rolls it back before any request reaches it.
+    short = probe(0.45, acceptance_per_position=[0.55, 0.45, 0.35])
+    failed = Run(probe_configured=True).step(
+        canary=view(ready=False), probes={"canary": short, "stable": probe(None)}
+    )
+    assert failed.outcome == Outcome.ROLLBACK
+    assert failed.verdict is not None
+    assert "first-position acceptance 0.55 < 0.60" in failed.verdict.message
 
 
 def test_a_person_aborts_promotes_skips_the_probe_or_pauses() -> None:

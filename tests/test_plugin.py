@@ -151,7 +151,7 @@ def test_status_prints_the_canary_s_verdicts_beside_the_stable_s_figures() -> No
     assert "stage Live; 0 passes in a row, 1 failures, 0 inconclusive in a row" in text
     assert "TIME      SOURCE  RESULT  ACCEPTANCE    MS/TOKEN    TTFT MS   ERRORS %" in text
     assert "12:00:10  Live    Fail    0.08 vs 0.80  8.3 vs 3.1  20 vs 20  0.0 vs 0.0" in text
-    assert "latest: acceptance 0.08 < 0.60 over 2,412 draft tokens" in text
+    assert "latest: first-position acceptance 0.08 < 0.60 over 2,412 draft tokens" in text
     history = render_history(body, {stable: 1, canary: 2})
     assert history.splitlines()[0].split() == [
         "#",

@@ -133,7 +133,8 @@ def test_a_bad_draft_is_rolled_back_on_its_probe_and_never_takes_a_request() -> 
     assert world.replicas() == {stable: 2, canary: 0}
     degraded = world.condition("Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "RolledBack")
-    assert "probe: acceptance 0.02 < 0.60 on the probe's 8 prompts" in degraded["message"]
+    said = "probe: first-position acceptance 0.02 < 0.60 on the probe's 8 prompts"
+    assert said in degraded["message"]
     [record] = [r for r in world.status["revisions"] if r["revision"] == canary]
     assert record["phase"] == "Failed"
     assert record["probe"]["acceptanceRate"] == 0.02

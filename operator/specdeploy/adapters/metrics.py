@@ -31,6 +31,7 @@ VERDICT_RESULTS = {
     Reason.ANALYSIS_PASSED: "Pass",
     Reason.ANALYSIS_FAILED: "Fail",
     Reason.ANALYSIS_INCONCLUSIVE: "Inconclusive",
+    Reason.METRICS_UNAVAILABLE: "Error",
 }
 
 

@@ -35,7 +35,9 @@ class AnalysisSettings(ApiModel):
     interval: Duration = Field(default="60s", description="Time between verdicts.")
     window: Duration = Field(default="5m", description="Prometheus range of one verdict.")
     min_draft_tokens: int = Field(default=2000, ge=0, description="Draft tokens for a verdict.")
-    min_acceptance_rate: float = Field(default=0.6, ge=0, le=1, description="Absolute floor.")
+    min_acceptance_rate: float = Field(
+        default=0.6, ge=0, le=1, description="Absolute floor on first-position acceptance."
+    )
     max_drop_vs_stable: float = Field(default=0.1, ge=0, le=1, description="Drop vs stable.")
     max_time_per_output_token_increase: float = Field(
         default=1.10, ge=1, description="Time per output token, ratio to the stable's, that fails."

@@ -109,7 +109,7 @@ InconclusivePolicy = Literal["Hold", "Promote", "Rollback"]
 CollapseAction = Literal["DisableSpeculation", "RollbackToPrevious", "AlertOnly"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 SpeculationState = Literal["Enabled", "Disabled"]
-VerdictResult = Literal["Pass", "Fail", "Inconclusive"]
+VerdictResult = Literal["Pass", "Fail", "Inconclusive", "Error"]
 AutotuneMode = Literal["Off", "Recommend", "Apply"]
 AutotuneSchedule = Literal["Off", "Auto"]
 AcrossNodes = Literal["PipelineParallel", "TensorParallel"]
@@ -748,7 +748,14 @@ class AnalysisSpec(ApiModel):
         description="Draft tokens a window needs for a verdict; fewer is Inconclusive.",
     )
     min_acceptance_rate: float | None = Field(
-        default=None, ge=0, le=1, description="A canary below this acceptance rate fails."
+        default=None,
+        ge=0,
+        le=1,
+        description=(
+            "A canary whose first-position acceptance (the share of drafts whose first token "
+            "is accepted) is below this fails, live and on the probe. Unlike the acceptance "
+            "rate it does not fall with numSpeculativeTokens; at k=1 the two are one."
+        ),
     )
     max_drop_vs_stable: float | None = Field(
         default=None,
@@ -861,7 +868,13 @@ class CollapseGuardSpec(ApiModel):
     """Watches the stable pair: acceptance can collapse when traffic drifts."""
 
     floor: float = Field(
-        default=0.5, ge=0, le=1, description="Acceptance rate below which speculation collapsed."
+        default=0.5,
+        ge=0,
+        le=1,
+        description=(
+            "First-position acceptance (the share of drafts whose first token is accepted) "
+            "below which speculation collapsed; it does not fall with numSpeculativeTokens."
+        ),
     )
     for_: Duration = Field(
         default="10m",
@@ -1099,7 +1112,12 @@ class Verdict(ApiModel):
     stable_batch_size: float | None = Field(
         default=None, description="The stable's, over the same window."
     )
-    result: VerdictResult = Field(description="Pass, Fail or Inconclusive.")
+    result: VerdictResult = Field(
+        description=(
+            "Pass, Fail or Inconclusive; Error when Prometheus could not be asked (not a "
+            "verdict: nothing counts and the analysis is held)."
+        )
+    )
     message: str = Field(default="", description="Why.")
 
 
@@ -1195,6 +1213,13 @@ class AnalysisStatus(ApiModel):
     passes_in_a_row: int = Field(default=0, description="Passing verdicts in a row.")
     failures: int = Field(default=0, description="Failed verdicts over the run.")
     inconclusive_in_a_row: int = Field(default=0, description="Inconclusive verdicts in a row.")
+    errors_in_a_row: int = Field(
+        default=0,
+        description=(
+            "Intervals in a row Prometheus could not be asked about: not verdicts, the analysis "
+            "is held while they last."
+        ),
+    )
     outcome: str = Field(default="Continue", description="Continue, Hold, Promote or Rollback.")
     message: str = Field(default="", description="The latest verdict's reason.")
     stage: str = Field(

@@ -15,6 +15,11 @@ from specdeploy.api.models import (
 from specdeploy.api.times import parse_time
 
 
+def _unanswered(errors: int) -> str:
+    """The analysis' pause while Prometheus does not answer, when it does not."""
+    return f", Prometheus unanswered {errors} intervals in a row (held)" if errors else ""
+
+
 def _age(stamp: str | None, now: datetime) -> str:
     try:
         then = parse_time(stamp or "")
@@ -125,7 +130,7 @@ def render_status(body: Mapping[str, object], now: datetime | None = None) -> st
             f"Canary:         {analysis.revision}  {_draft(canary) if canary else ''}  stage "
             f"{analysis.stage}{paused}; {analysis.passes_in_a_row} passes in a row, "
             f"{analysis.failures} failures, {analysis.inconclusive_in_a_row} inconclusive in a "
-            f"row{ended}"
+            f"row{_unanswered(analysis.errors_in_a_row)}{ended}"
         )
         if analysis.message:
             lines.append(f"                {analysis.message}")

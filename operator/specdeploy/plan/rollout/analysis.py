@@ -3,11 +3,13 @@
 Conventions (docs/operator.md compares them with Argo Rollouts', Flagger's and OME's):
 
 - A verdict is Pass, Fail or Inconclusive. Inconclusive means the window cannot say: fewer draft
-  tokens than `minDraftTokens`, no data, Prometheus could not be asked, the stable revision's
-  figures are missing, or the two revisions ran at running batch sizes too far apart to compare
-  their latency. It is never a failure and never a pass, so a canary is never promoted on
-  missing data, and never on the absolute floor alone when the comparison with the stable
-  could not be made.
+  tokens than `minDraftTokens`, no data, the stable decoded nothing, or the two revisions ran at
+  running batch sizes too far apart to compare their latency. When Prometheus could not be asked
+  about either revision the interval is an Error, not a verdict: it counts neither for nor
+  against the canary, `onInconclusive` does not act on it, and the canary is held (the analysis
+  clock pauses) until Prometheus answers or the progress deadline passes. It is never a failure
+  and never a pass, so a canary is never promoted on missing data, and never on the absolute
+  floor alone when the comparison with the stable could not be made.
 - Every figure is exact: counters, and histograms' sums over their counts, never quantiles
   interpolated inside vLLM's buckets (the inter-token latency's first bucket ends at 10 ms, the
   next at 25 ms, which no 10 % bound can resolve).
@@ -22,7 +24,8 @@ Conventions (docs/operator.md compares them with Argo Rollouts', Flagger's and O
   does; with fewer than three stretches, the window's mean. When both revisions ran the same
   probe, each revision's tokens per step come from the probe's identical prompts instead of
   the window's traffic, so a different prompt mix cannot decide (plan/probe.py).
-- Fail when any criterion fails, all of them named: acceptance below `minAcceptanceRate`;
+- Fail when any criterion fails, all of them named: first-position acceptance (the share of
+  drafts whose first token was accepted, which does not fall with k) below `minAcceptanceRate`;
   acceptance more than `maxDropVsStable` below a stable with a draft (on the probe's prompts
   when both ran it, else on live traffic); time per output token more than
   `maxTimePerOutputTokenIncrease` times the stable's; mean time to first token more than
@@ -37,7 +40,8 @@ Conventions (docs/operator.md compares them with Argo Rollouts', Flagger's and O
   stable's; minAcceptanceRate and the error criterion still apply.
 - The canary is rolled back when its failed verdicts reach `failureLimit` (">=", counted over
   the whole canary run, as Flagger counts; Argo Rollouts' `failureLimit` is "more than", so our
-  2 is their 1). It is promoted after `promoteAfter` passing verdicts in a row. On Inconclusive,
+  2 is their 1). It is promoted after `promoteAfter` passing verdicts in a row (an Inconclusive
+  breaks the row, as a Fail does). On Inconclusive,
   `onInconclusive` decides: Hold keeps judging (and says why) for at most `inconclusiveLimit`
   verdicts in a row, then rolls back so a canary nobody can judge frees its GPUs; Rollback
   rolls back and Promote promotes at once.
@@ -67,6 +71,9 @@ class Result(StrEnum):
     PASS = "Pass"
     FAIL = "Fail"
     INCONCLUSIVE = "Inconclusive"
+    #: Could not measure: Prometheus did not answer for one of the two revisions. Not a
+    #: verdict on the canary: the analysis clock pauses (see `advance`).
+    ERROR = "Error"
 
 
 class Outcome(StrEnum):
@@ -148,6 +155,18 @@ def acceptance_compared(
     )
 
 
+def first_position_acceptance(per_position: Sequence[float], rate: float | None) -> float | None:
+    """The share of drafts whose first token was accepted: the acceptance floors' figure.
+
+    The acceptance rate (accepted over draft tokens) is the mean over the positions of each
+    one's cumulative acceptance, so it falls as k grows for the very same draft, while the
+    tokens a step emits rise (k=3 at 0.7 a token reads 0.51 and is 1.7x faster than no draft).
+    The first position's acceptance does not depend on k, nor on a schedule's shorter drafts
+    (every draft has a first token), and it is never below the rate: a floor that passed the
+    rate passes it. Without per-position figures (k=1, where the two are one), the rate."""
+    return per_position[0] if per_position else rate
+
+
 def acceptance_by_position(accepted: Sequence[float], drafts: float | None) -> tuple[float, ...]:
     """Accepted tokens at each draft position over the drafts: the share of drafts whose first
     i+1 tokens were all accepted (none without drafts)."""
@@ -186,6 +205,11 @@ class Measurement:
     stretch_step_seconds: tuple[float, ...] = ()
     #: Set when a query failed (Prometheus unreachable, a bad answer).
     error: str | None = None
+
+    @property
+    def first_position_acceptance(self) -> float | None:
+        """The share of drafts whose first token was accepted (see first_position_acceptance)."""
+        return first_position_acceptance(self.acceptance_per_position, self.acceptance_rate)
 
     @property
     def mean_step_seconds(self) -> float | None:
@@ -325,7 +349,7 @@ def judge_interval(
     step compare the two on identical prompts (and the acceptance drop was judged there).
     """
     if canary.error is not None:
-        return IntervalVerdict(Result.INCONCLUSIVE, f"metrics unavailable: {canary.error}")
+        return IntervalVerdict(Result.ERROR, f"metrics unavailable: {canary.error}")
     volume, tokens = _volume(canary, canary_has_draft)
     if volume < criteria.min_draft_tokens or (canary_has_draft and canary.acceptance_rate is None):
         return IntervalVerdict(
@@ -334,13 +358,20 @@ def judge_interval(
         )
     failures: list[str] = []
     rate = canary.acceptance_rate
-    if canary_has_draft and rate is not None and rate < criteria.min_acceptance_rate:
-        failures.append(f"acceptance {rate:.2f} < {criteria.min_acceptance_rate:.2f} over {tokens}")
+    first = canary.first_position_acceptance
+    if canary_has_draft and first is not None and first < criteria.min_acceptance_rate:
+        failures.append(
+            f"first-position acceptance {first:.2f} < {criteria.min_acceptance_rate:.2f} "
+            f"over {tokens}"
+        )
     problem = _stable_problem(stable) if stable is not None else None
     if problem is not None:
         # Never a pass on the floor alone: without the stable's figures nothing was compared.
         verdict = "; ".join([*failures, problem]) if failures else problem
-        return IntervalVerdict(Result.FAIL if failures else Result.INCONCLUSIVE, verdict)
+        unread = stable is not None and stable.error is not None
+        return IntervalVerdict(
+            Result.FAIL if failures else Result.ERROR if unread else Result.INCONCLUSIVE, verdict
+        )
 
     errors = _judge_errors(canary, stable, criteria)
     if errors.failure:
@@ -429,7 +460,10 @@ def _per_token(measured: Measurement, tokens_per_step: float | None) -> float | 
 def _loads_apart(canary: Measurement, stable: Measurement, bound: float) -> str | None:
     mine, theirs = canary.batch_size, stable.batch_size
     if mine is None or theirs is None:
-        return None
+        # Fail closed: loads that cannot be compared (vLLM's iteration histogram dropped by a
+        # relabeling, say) are not loads alike.
+        which = "the canary's" if mine is None else "the stable's"
+        return f"latency not compared: {which} running batch was not measured"
     if max(mine, theirs) > bound * min(mine, theirs):
         return (
             f"latency not compared: running batch {mine:.2f} vs the stable's {theirs:.2f} "
@@ -542,6 +576,8 @@ class AnalysisState:
     passes_in_a_row: int = 0
     failures: int = 0
     inconclusive_in_a_row: int = 0
+    #: Intervals in a row Prometheus could not be asked about (Error): the clock paused.
+    errors_in_a_row: int = 0
 
 
 def interval_number(started_seconds: float, now_seconds: float, interval_seconds: float) -> int:
@@ -561,12 +597,17 @@ def advance(
     """
     if interval <= state.last_interval:
         return state, standing(state, criteria)
-    if verdict.result == Result.PASS:
+    if verdict.result == Result.ERROR:
+        # Could not measure is not a verdict: nothing counts, neither for the canary nor
+        # against it, and no policy acts on it; the progress deadline bounds a long outage.
+        state = replace(state, last_interval=interval, errors_in_a_row=state.errors_in_a_row + 1)
+    elif verdict.result == Result.PASS:
         state = replace(
             state,
             last_interval=interval,
             passes_in_a_row=state.passes_in_a_row + 1,
             inconclusive_in_a_row=0,
+            errors_in_a_row=0,
         )
     elif verdict.result == Result.FAIL:
         state = replace(
@@ -575,10 +616,17 @@ def advance(
             passes_in_a_row=0,
             failures=state.failures + 1,
             inconclusive_in_a_row=0,
+            errors_in_a_row=0,
         )
     else:
+        # "In a row": a window that could not say breaks the run of passes, so passes off-peak
+        # on either side of peak-time Inconclusives never add up to a promotion.
         state = replace(
-            state, last_interval=interval, inconclusive_in_a_row=state.inconclusive_in_a_row + 1
+            state,
+            last_interval=interval,
+            passes_in_a_row=0,
+            inconclusive_in_a_row=state.inconclusive_in_a_row + 1,
+            errors_in_a_row=0,
         )
     return state, standing(state, criteria)
 
@@ -589,6 +637,8 @@ def standing(state: AnalysisState, criteria: AnalysisSettings) -> Outcome:
         return Outcome.ROLLBACK
     if state.passes_in_a_row >= criteria.promote_after:
         return Outcome.PROMOTE
+    if state.errors_in_a_row > 0:
+        return Outcome.HOLD
     if state.inconclusive_in_a_row > 0:
         if criteria.on_inconclusive == "Rollback":
             return Outcome.ROLLBACK

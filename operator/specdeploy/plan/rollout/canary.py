@@ -51,8 +51,14 @@ def analysed(spec: SpeculativeDeploymentSpec) -> bool:
 
 
 def watches_acceptance(spec: SpeculativeDeploymentSpec) -> bool:
-    """Whether the SD needs its revisions measured: a canary analysis or a collapse guard."""
-    return analysed(spec) or spec.rollout.collapse_guard is not None
+    """Whether the SD needs its revisions measured: a canary analysis, a collapse guard, or a
+    pair that speculates, whose payoff (status.acceptanceRate, the ACCEPTANCE column) is shown
+    however it is rolled out."""
+    return (
+        analysed(spec)
+        or spec.rollout.collapse_guard is not None
+        or spec.pair.draft.method != "none"
+    )
 
 
 def rolled_back(status: SpeculativeDeploymentStatus | None) -> frozenset[str]:
@@ -389,6 +395,7 @@ _VERDICT_REASONS = {
     Result.PASS: Reason.ANALYSIS_PASSED,
     Result.FAIL: Reason.ANALYSIS_FAILED,
     Result.INCONCLUSIVE: Reason.ANALYSIS_INCONCLUSIVE,
+    Result.ERROR: Reason.METRICS_UNAVAILABLE,
 }
 
 
@@ -403,7 +410,7 @@ def analysis_events(decision: CanaryDecision) -> list[RolloutEvent]:
         RolloutEvent(
             _VERDICT_REASONS[verdict.result],
             f"canary {canary}: {verdict.message} ({counts})",
-            warning=verdict.result == Result.FAIL,
+            warning=verdict.result in (Result.FAIL, Result.ERROR),
         )
     ]
     if judgement.outcome == Outcome.PROMOTE:

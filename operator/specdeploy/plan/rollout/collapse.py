@@ -1,6 +1,7 @@
-"""The collapse guard as a pure function: acceptance of the serving pair below a floor for long
-enough triggers an action, once, and holds it until the spec names another pair or a person
-asks for speculation back.
+"""The collapse guard as a pure function: first-position acceptance of the serving pair (the
+share of its drafts whose first token was accepted, which does not fall with k) below a floor
+for long enough triggers an action, once, and holds it until the spec names another pair or a
+person asks for speculation back.
 
 vLLM cannot switch speculation off at run time (TensorRT-LLM can, at engine level), so every
 action goes through pods: DisableSpeculation rolls out the same target without a draft (a new
@@ -83,17 +84,17 @@ def watch_collapse(
         serving
         and measured is not None
         and measured.error is None
-        and measured.acceptance_rate is not None
+        and measured.first_position_acceptance is not None
         and measured.draft_tokens >= min_draft_tokens
     )
-    if not usable or measured is None or measured.acceptance_rate is None:
+    rate = measured.first_position_acceptance if measured is not None else None
+    if not usable or rate is None:
         return GuardVerdict(state=state)
-    rate = measured.acceptance_rate
     stamp = now.strftime(RFC3339)
     if rate >= guard.floor + HYSTERESIS:
         return GuardVerdict(
             state=state.model_copy(
-                update={"below_since": None, "message": f"acceptance {rate:.2f}"}
+                update={"below_since": None, "message": f"first-position acceptance {rate:.2f}"}
             )
         )
     if rate >= guard.floor:
@@ -101,7 +102,7 @@ def watch_collapse(
     since = state.below_since or stamp
     lasted = (now - parse_time(since)).total_seconds()
     message = (
-        f"acceptance {rate:.2f} < floor {guard.floor:.2f} since {since} "
+        f"first-position acceptance {rate:.2f} < floor {guard.floor:.2f} since {since} "
         f"({lasted:.0f}s of {guard.for_}) on revision {pair_revision}"
     )
     if lasted < duration_seconds(guard.for_):

@@ -137,6 +137,7 @@ def _as_state(status: AnalysisStatus) -> AnalysisState:
         passes_in_a_row=status.passes_in_a_row,
         failures=status.failures,
         inconclusive_in_a_row=status.inconclusive_in_a_row,
+        errors_in_a_row=status.errors_in_a_row,
     )
 
 
@@ -388,10 +389,11 @@ def _live_stage(
         "passes_in_a_row": counted.passes_in_a_row,
         "failures": counted.failures,
         "inconclusive_in_a_row": counted.inconclusive_in_a_row,
+        "errors_in_a_row": counted.errors_in_a_row,
         "outcome": str(outcome),
         "message": verdict.message,
     }
-    if verdict.result != Result.INCONCLUSIVE and state.judged_at is None:
+    if verdict.result in (Result.PASS, Result.FAIL) and state.judged_at is None:
         update["judged_at"] = _stamp(now)
     reason = None
     if outcome == Outcome.ROLLBACK:

@@ -6,12 +6,13 @@ operator sums them over the revision's pods. With a stable revision beside, the 
 are held out of the Service by a readiness gate until the judge compared the two revisions on
 those identical prompts:
 
-- Fail (rolled back at once, before any user request reached the canary): acceptance below
-  `minAcceptanceRate`; acceptance more than `maxDropVsStable` below a stable with a draft that
-  ran the same prompt set; or a share of errors more than `maxErrorRateIncrease` above the
-  stable's. Under greedy sampling (temperature 0, the default) each revision's answer to a
-  prompt is deterministic and a draft never changes it, so the same probe gives the same
-  acceptance every time: one verdict is enough, and repeating it could not change it.
+- Fail (rolled back at once, before any user request reached the canary): first-position
+  acceptance (the share of drafts whose first token was accepted) below `minAcceptanceRate`;
+  acceptance more than `maxDropVsStable` below a stable with a draft that ran the same prompt
+  set; or a share of errors more than `maxErrorRateIncrease` above the stable's. Under greedy
+  sampling (temperature 0, the default) each revision's answer to a prompt is deterministic and
+  a draft never changes it, so the same probe gives the same acceptance every time: one verdict
+  is enough, and repeating it could not change it.
 - Inconclusive: the stable ran no probe, another prompt set, or an incomplete one (its timeout
   ran out); the canary's own probe incomplete. The gate opens and live traffic decides, as
   without a probe.
@@ -37,6 +38,7 @@ from specdeploy.plan.rollout.analysis import (
     ProbeTokens,
     Result,
     acceptance_compared,
+    first_position_acceptance,
 )
 from specdeploy.plan.rollout.revisions import live_revision_of, pod_conditions
 
@@ -170,14 +172,15 @@ def judge_probe(
     failures: list[str] = []
     figures: list[str] = []
     rate = canary.acceptance_rate
+    first = first_position_acceptance(canary.acceptance_per_position, rate)
     on = f"the probe's {canary.prompts} prompts"
     if canary_has_draft:
-        if rate is None:
+        if rate is None or first is None:
             failures.append(f"no draft token proposed on {on}")
-        elif rate < criteria.min_acceptance_rate:
+        elif first < criteria.min_acceptance_rate:
             failures.append(
-                f"acceptance {rate:.2f} < {criteria.min_acceptance_rate:.2f} on {on} "
-                f"({canary.draft_tokens:,} draft tokens)"
+                f"first-position acceptance {first:.2f} < {criteria.min_acceptance_rate:.2f} "
+                f"on {on} ({canary.draft_tokens:,} draft tokens)"
             )
         else:
             figures.append(f"acceptance {rate:.2f} on {on}")

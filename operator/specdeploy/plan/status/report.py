@@ -329,9 +329,21 @@ def _canary_progress(seen: ObservedRollout, analysis: AnalysisStatus) -> Conditi
     return ConditionUpdate(
         ConditionType.PROGRESSING,
         "True",
-        Reason.ANALYSIS_INCONCLUSIVE if held else Reason.CANARY_ANALYSING,
+        (
+            Reason.METRICS_UNAVAILABLE
+            if held and analysis.errors_in_a_row
+            else Reason.ANALYSIS_INCONCLUSIVE
+            if held
+            else Reason.CANARY_ANALYSING
+        ),
         f"{head}{analysis.passes_in_a_row} passes in a row, {analysis.failures} failures"
         + (f", {analysis.inconclusive_in_a_row} inconclusive in a row" if held else "")
+        + (
+            f", Prometheus unanswered {analysis.errors_in_a_row} intervals in a row (not "
+            "verdicts: the analysis clock pauses)"
+            if analysis.errors_in_a_row
+            else ""
+        )
         + f"; {'holding: ' if held else ''}"
         f"{analysis.message or 'first verdict after one interval'}",
     )
