@@ -16,17 +16,22 @@ ready engine at a running batch of 8.
 5. → the good head behind a cold first token (+400 ms): rolled back on time to first token;
 6. → a head whose acceptance varies with the prompt, then the same head again with its pods
    sent another prompt mix than the stable's: not rolled back (the probe compared the two on
-   identical prompts).
+   identical prompts);
+7. → the same head as the stable's, whose API answers 500 to a third of its requests once its
+   probe has passed (as a chat template that raises would, before the engine): rolled back on
+   the API server's 5xx share, which vLLM's finished requests never show.
 """
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
-from engine_cluster import prometheus_value, revision_pods
+from engine_cluster import engine_url, prometheus_value, revision_pods
 from sim_bed import INTERVAL_S, READY_S, SD, Bed, live, report, sim_bed
 from specdeploy.engine.tiny_models import PROBE_PROMPTS
 from specdeploy.sim.engine import prompt_scale
@@ -174,3 +179,43 @@ def test_6_the_same_head_on_another_prompt_mix_is_not_rolled_back(bed: Bed) -> N
     # maxDropVsStable (0.1): judged on them alone, the same head would have been rolled back.
     drops = [v["stableAcceptanceRate"] - v["acceptanceRate"] for v in live(verdicts)]
     assert max(drops) > 0.1, drops
+
+
+def _put_faults(url: str, faults: dict[str, object]) -> None:
+    request = urllib.request.Request(
+        f"{url}/sim/faults",
+        data=json.dumps(faults).encode(),
+        headers={"Content-Type": "application/json"},
+        method="PUT",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
+def test_7_5xx_before_the_engine_roll_the_canary_back_on_live_traffic(bed: Bed) -> None:
+    stable = bed.serving("8-varied-again")
+    with bed.load() as load:
+        bed.apply("sim/eagle3-varied", "9-failing")
+        canary = bed.canary_of("9-failing")
+
+        def live_stage() -> bool:
+            analysis = bed.status().get("analysis") or {}
+            return analysis.get("revision") == canary and analysis.get("stage") == "Live"
+
+        eventually(live_stage, READY_S, "the canary live, its probe passed")
+        for pod in revision_pods(bed.kubectl, bed.namespace, SD, canary):
+            _put_faults(engine_url(bed.cluster, pod), {"errorRates": {"500": 0.3}})
+        analysis, took = bed.outcome(canary)
+    verdicts = bed.verdicts(canary)
+    report("9-failing (sim/eagle3-varied, 500s)", verdicts, took)
+    assert analysis["outcome"] == "Rollback", verdicts
+    assert verdicts[0]["source"] == "Probe"
+    assert verdicts[0]["result"] == "Pass", verdicts[0]
+    failed = live(verdicts, "Fail")
+    assert failed, verdicts
+    for verdict in failed:
+        assert "HTTP 5xx" in verdict["message"], verdict
+        # Refused before the engine: vLLM's finished requests hold no error.
+        assert "errors 0.0% of" in verdict["message"] or "errors" not in verdict["message"]
+    assert [e for e in load.errors if e.startswith(f"{canary}:")], "the load saw the 500s"
+    assert bed.serving("8-varied-again") == stable

@@ -534,3 +534,26 @@ def test_latency_is_not_compared_when_a_running_batch_was_not_measured() -> None
     verdict = judge_interval(PAIR, replace(TARGET_ALONE, engine_steps=None), False, CRITERIA)
     assert verdict.result == Result.INCONCLUSIVE
     assert "the stable's running batch was not measured" in verdict.message
+
+
+def test_5xx_before_the_engine_fail_the_canary_even_with_nothing_drafted() -> None:
+    # A chat template that raises on a third of the requests: they never reach the engine, so
+    # vLLM's finished requests show no error; the API server's responses do.
+    broken = replace(PAIR, responses=60.0, server_errors=20.0)
+    answered = replace(TARGET_ALONE, responses=60.0, server_errors=0.0)
+    verdict = judge_interval(broken, answered, False, CRITERIA)
+    assert verdict.result == Result.FAIL
+    assert "HTTP 5xx 33.3% of 60 responses vs the stable's 0.0% (more than 5% above)" in (
+        verdict.message
+    )
+    # Every request refused before the engine: nothing drafted, still a Fail, not Inconclusive.
+    refused = Measurement(acceptance_rate=None, draft_tokens=0, responses=40.0, server_errors=40.0)
+    assert judge_interval(refused, answered, False, CRITERIA).result == Result.FAIL
+    # As many 5xx as the stable's, or too few responses to judge, do not fail.
+    alike = replace(PAIR, responses=60.0, server_errors=3.0)
+    also = replace(TARGET_ALONE, responses=60.0, server_errors=3.0)
+    passed = judge_interval(alike, also, False, CRITERIA)
+    assert passed.result == Result.PASS, passed.message
+    assert "HTTP 5xx 5.0% of 60 responses vs the stable's 5.0%" in passed.message
+    few = replace(PAIR, responses=19.0, server_errors=19.0)
+    assert judge_interval(few, answered, False, CRITERIA).result == Result.PASS

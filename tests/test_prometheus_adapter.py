@@ -18,6 +18,7 @@ from specdeploy.adapters.prometheus import (
     DRAFTS,
     ENGINE_STEPS,
     GENERATION_TOKENS,
+    HTTP_REQUESTS,
     INTER_TOKEN_LATENCY_COUNT,
     INTER_TOKEN_LATENCY_SUM,
     REQUEST_SUCCESS,
@@ -50,6 +51,8 @@ ANSWERS: dict[str, str | list[tuple[dict[str, str], str]]] = {
     "engine_steps": "440",
     "finished": "40",
     "failed": "2",
+    "responses": "44",
+    "server_errors": "NaN",
     # Newest first once read; a stretch without steps is NaN.
     "stretch_step_seconds": [
         ({"stretch": "2"}, "0.030"),
@@ -133,7 +136,7 @@ def prometheus() -> Iterator[str]:
 
 
 #: The labels a pod's series are told apart by, when its doubles (two scrape jobs) fold.
-PER_SERIES = "pod, engine, finished_reason, position, le"
+PER_SERIES = "pod, engine, finished_reason, position, le, handler, method, status"
 SELECTOR = '{namespace="serving",specdeploy_dev_name="chat",specdeploy_dev_revision="abc123"}'
 
 
@@ -142,7 +145,7 @@ def counted(metric: str, by: str = "") -> str:
     series = f"{metric}{SELECTOR}[5m]"
     seen_before = f"present_over_time({series} offset 5m)"
     grouping = f" by ({by})" if by else ""
-    per_series = PER_SERIES + (f", {by}" if by and by not in ("position", "le") else "")
+    per_series = PER_SERIES + (f", {by}" if by and by not in PER_SERIES.split(", ") else "")
     return (
         f"sum{grouping} (max by ({per_series}) ((increase({series}) and {seen_before}) or "
         f"(last_over_time({series}) unless {seen_before})))"
@@ -253,9 +256,11 @@ def test_every_counter_based_figure_counts_a_new_series_from_zero() -> None:
                 (GENERATION_TOKENS, ""),
                 (ENGINE_STEPS, ""),
                 (REQUEST_SUCCESS, ""),
+                (HTTP_REQUESTS, ""),
             )
         }
-        | {window_increase(REQUEST_SUCCESS, failed, "5m")},
+        | {window_increase(REQUEST_SUCCESS, failed, "5m")}
+        | {window_increase(HTTP_REQUESTS, SELECTOR[:-1] + ',status="5xx"}', "5m")},
         key=len,
         reverse=True,
     )
@@ -282,11 +287,12 @@ def test_every_counter_based_figure_counts_a_new_series_from_zero() -> None:
 
 def test_queries_select_the_revision_by_namespace_and_label() -> None:
     queries = measurement_queries(PODS, "5m")
-    for query in queries.values():
-        assert "vllm:" in query
+    for name, query in queries.items():
+        metric = "http_requests_total" if name in ("responses", "server_errors") else "vllm:"
+        assert metric in query
         # Every series by the revision's namespace and label (the failed requests' also by
-        # their finish reason).
-        assert query.count("vllm:") == query.count(SELECTOR[:-1]) > 0
+        # their finish reason, the 5xx responses by their status).
+        assert query.count(metric) == query.count(SELECTOR[:-1]) > 0
     # The step time's sum and count, exact where a p50 is interpolated inside a bucket: the
     # autotuner's step cost is their ratio.
     assert autotune_queries(PODS, "5m")["step_seconds"] == (
@@ -311,6 +317,8 @@ def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:
     assert measured.time_per_output_token == pytest.approx(0.0124)
     assert measured.time_to_first_token is None
     assert measured.batch_size == pytest.approx(1.0)  # (400 + 40) / 440
+    # No 5xx series in the window: none of the 44 responses was one.
+    assert (measured.responses, measured.server_errors) == (44.0, 0.0)
     assert measured.error_rate == pytest.approx(0.05)
 
 

@@ -63,12 +63,27 @@ GENERATION_TOKENS = "vllm:generation_tokens_total"
 ENGINE_STEPS = "vllm:iteration_tokens_total_count"
 # Finished requests, by label finished_reason (stop, length, abort, error, repetition).
 REQUEST_SUCCESS = "vllm:request_success_total"
+# Every response of vLLM's API server (prometheus-fastapi-instrumentator, as vLLM 0.32 mounts
+# it), by handler, method and status grouped ("2xx", "4xx", "5xx"); /metrics, /health and the
+# other probes' handlers are left out by vLLM. It sees what never reaches the engine: a chat
+# template or a tool parser that raises, a validation error, an overload.
+HTTP_REQUESTS = "http_requests_total"
 REVISION_LABEL = "specdeploy_dev_revision"
 NAME_LABEL = "specdeploy_dev_name"
 #: The labels that tell one pod's series of a metric apart, kept when a pod's doubles (one per
 #: scrape job) are folded into one: vLLM's engine index, a finished request's reason, a draft
-#: position, a histogram bucket. The scrape's own labels (job, instance, endpoint) are dropped.
-_SERIES_KEYS = ("pod", "engine", "finished_reason", "position", "le")
+#: position, a histogram bucket, an HTTP response's handler, method and status. The scrape's own
+#: labels (job, instance, endpoint) are dropped.
+_SERIES_KEYS = (
+    "pod",
+    "engine",
+    "finished_reason",
+    "position",
+    "le",
+    "handler",
+    "method",
+    "status",
+)
 DEFAULT_TIMEOUT_SECONDS = 5
 
 
@@ -176,6 +191,7 @@ def measurement_queries(
     `stretch` (the analysis interval), the step time of each stretch of the window too."""
     selector = pods.selector
     failed = selector[:-1] + ',finished_reason=~"error|abort"}'
+    server_errors = selector[:-1] + ',status="5xx"}'
 
     def counted(metric: str, matchers: str = selector) -> str:
         return window_increase(metric, matchers, window)
@@ -202,6 +218,8 @@ def measurement_queries(
         "engine_steps": counted(ENGINE_STEPS),
         "finished": counted(REQUEST_SUCCESS),
         "failed": counted(REQUEST_SUCCESS, failed),
+        "responses": counted(HTTP_REQUESTS),
+        "server_errors": counted(HTTP_REQUESTS, server_errors),
     }
 
 
@@ -367,6 +385,10 @@ class PrometheusReader:
             finished=found["finished"],
             # No error or abort series in the window: none failed.
             failed=found["failed"] or (0.0 if found["finished"] is not None else None),
+            responses=found["responses"],
+            # No 5xx series in the window: none answered 5xx.
+            server_errors=found["server_errors"]
+            or (0.0 if found["responses"] is not None else None),
         )
 
     def measure_probe(self, pods: RevisionPods) -> ProbeResult | None:

@@ -31,7 +31,9 @@ Conventions (docs/operator.md compares them with Argo Rollouts', Flagger's and O
   `maxTimePerOutputTokenIncrease` times the stable's; mean time to first token more than
   `maxTimeToFirstTokenIncrease` times the stable's and more than `timeToFirstTokenTolerance`
   (50 ms) longer; a share of requests that ended in error or
-  abort more than `maxErrorRateIncrease` above the stable's. Latency compares only when the two
+  abort more than `maxErrorRateIncrease` above the stable's, or a share of the API server's
+  responses that were 5xx (failures before the engine included; judged from MIN_RESPONSES
+  responses, before any volume gate) more than that above. Latency compares only when the two
   running batch sizes (sequences per engine step) are within `maxBatchSizeRatio`; else the
   verdict is Inconclusive.
 - A tuned canary (its only change from the stable is the length the autotuner chose) is judged
@@ -65,6 +67,9 @@ from specdeploy.api.config import AnalysisSettings
 #: judged (fewer: the window's mean; the median of two is their mean anyway).
 MAX_STRETCHES = 10
 MIN_STRETCHES = 3
+#: The fewest API responses a window needs before their 5xx share is judged (so one error in a
+#: handful of requests does not decide alone).
+MIN_RESPONSES = 20
 
 
 class Result(StrEnum):
@@ -199,6 +204,10 @@ class Measurement:
     #: whose finished_reason was error or abort.
     finished: float | None = None
     failed: float | None = None
+    #: Responses of vLLM's API server in the window (http_requests_total), and those of them
+    #: with a 5xx status: what users saw, failures before the engine included.
+    responses: float | None = None
+    server_errors: float | None = None
     #: The mean decode step time of each stretch of the window (the window cut into stretches of
     #: one analysis interval each, at most MAX_STRETCHES, newest first), where the stretch held
     #: steps: each stretch's inter-token latency sum over its count.
@@ -259,6 +268,11 @@ class Measurement:
     @property
     def error_rate(self) -> float | None:
         return _ratio(self.failed or 0.0, self.finished)
+
+    @property
+    def server_error_rate(self) -> float | None:
+        """The share of the API server's responses that were 5xx."""
+        return _ratio(self.server_errors or 0.0, self.responses)
 
 
 def _stretches(measured: Measurement) -> str:
@@ -350,8 +364,15 @@ def judge_interval(
     """
     if canary.error is not None:
         return IntervalVerdict(Result.ERROR, f"metrics unavailable: {canary.error}")
+    # Judged before any volume gate: a canary whose API answers 5xx before its engine runs
+    # (a chat template that raises) drafts nothing, and must not sit Inconclusive for that.
+    server = _judge_server_errors(
+        canary, stable if stable is not None and stable.error is None else None, criteria
+    )
     volume, tokens = _volume(canary, canary_has_draft)
     if volume < criteria.min_draft_tokens or (canary_has_draft and canary.acceptance_rate is None):
+        if server.failure:
+            return IntervalVerdict(Result.FAIL, server.failure)
         return IntervalVerdict(
             Result.INCONCLUSIVE,
             f"{tokens} in the window, fewer than the {criteria.min_draft_tokens:,} a verdict needs",
@@ -364,6 +385,8 @@ def judge_interval(
             f"first-position acceptance {first:.2f} < {criteria.min_acceptance_rate:.2f} "
             f"over {tokens}"
         )
+    if server.failure:
+        failures.append(server.failure)
     problem = _stable_problem(stable) if stable is not None else None
     if problem is not None:
         # Never a pass on the floor alone: without the stable's figures nothing was compared.
@@ -413,7 +436,10 @@ def judge_interval(
         else f"{tokens} decoded"
     )
     return IntervalVerdict(
-        Result.PASS, "; ".join([head, *latency.figures, *errors.figures]), mine, theirs
+        Result.PASS,
+        "; ".join([head, *latency.figures, *errors.figures, *server.figures]),
+        mine,
+        theirs,
     )
 
 
@@ -439,6 +465,25 @@ def _judge_errors(
         return _Judged(
             failure=f"{figure} (more than {criteria.max_error_rate_increase:.0%} above)",
         )
+    return _Judged(figures=(figure,))
+
+
+def _judge_server_errors(
+    canary: Measurement, stable: Measurement | None, criteria: AnalysisSettings
+) -> _Judged:
+    """The share of the API server's responses that were 5xx, against the stable's (0 when its
+    figures are missing): what users saw, the failures that never reached the engine (a chat
+    template that raises, an overload) included. Not judged below MIN_RESPONSES responses."""
+    mine = canary.server_error_rate
+    if mine is None or (canary.responses or 0.0) < MIN_RESPONSES:
+        return _Judged()
+    theirs = (stable.server_error_rate if stable is not None else None) or 0.0
+    figure = (
+        f"HTTP 5xx {mine:.1%} of {canary.responses or 0:,.0f} responses vs the stable's "
+        f"{theirs:.1%}"
+    )
+    if mine - theirs > criteria.max_error_rate_increase:
+        return _Judged(failure=f"{figure} (more than {criteria.max_error_rate_increase:.0%} above)")
     return _Judged(figures=(figure,))
 
 
