@@ -197,6 +197,32 @@ def test_a_failed_request_counts_as_an_error_and_a_timeout_leaves_it_incomplete(
     assert not figures.complete
 
 
+def test_the_last_prompt_cut_by_the_timeout_is_incomplete_never_an_error() -> None:
+    # The probe's deadline passes while the last prompt waits: no answer (status 0). That is
+    # the probe's timeout, not the canary failing a request: incomplete, no error.
+    class Stalled(FakeEngine):
+        def __call__(
+            self, method: str, url: str, body: dict[str, Any] | None, timeout: float
+        ) -> tuple[int, str]:
+            if body is not None and body["prompt"] == "two":
+                self.prompts.append("two")
+                now[0] = 1000.0
+                return 0, ""
+            return super().__call__(method, url, body, timeout)
+
+    now = [0.0]
+    engine = Stalled()
+    engine.metrics = [METRICS_BEFORE, METRICS_BEFORE]  # the engine counted no error
+    slow = ProbeSettings(prompts=("one", "two"), timeout_seconds=50)
+    figures = run_probe(
+        slow, "http://127.0.0.1:8000", engine, clock=lambda: now[0], sleep=lambda _: None
+    )
+    assert engine.prompts == ["one", "two"]
+    assert not figures.complete
+    assert figures.errors == 0
+    assert figures.requests == 1  # the prompt answered
+
+
 FIGURES = ProbeFigures(
     prompt_set="abc123",
     prompts=2,

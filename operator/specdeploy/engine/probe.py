@@ -314,7 +314,8 @@ def run_probe(
     """Waits for vLLM at `base_url` to answer, then sends each prompt once and measures it.
 
     Stops early (figures marked incomplete) once `timeout_seconds` have passed since the
-    engine first answered.
+    engine first answered; a request the timeout cut (no answer by the deadline) counts as not
+    sent, not as an error.
     """
     while fetch("GET", base_url + "/health", None, 5.0)[0] != 200:
         sleep(1.0)
@@ -336,6 +337,10 @@ def run_probe(
         status, text = fetch(
             "POST", base_url + "/v1/completions", body, max(1.0, deadline - clock())
         )
+        if status == 0 and clock() >= deadline:
+            # Cut by the probe's own timeout, not failed by the engine: the probe is
+            # incomplete (live traffic decides), never a canary's error.
+            break
         sent += 1
         if status != 200 or _finish_reason(text) not in ("length", "stop"):
             failed += 1
