@@ -441,6 +441,33 @@ def test_a_plain_new_revision_that_never_gets_ready_is_stopped_at_its_deadline()
     assert world.condition("Degraded")["reason"] == "ProgressDeadlineExceeded"
 
 
+def test_a_canary_whose_engine_restarts_mid_analysis_is_rolled_back() -> None:
+    world = started()
+    stable, canary = world.new_draft("r2")
+    world.measured = {stable: GOOD, canary: GOOD}
+    engine = {"name": "engine", "restartCount": 0}
+    world.kube.pods.append(
+        {
+            "metadata": {
+                "name": f"chat-{canary}-0",
+                "namespace": "ns",
+                "labels": {labels.NAME: "chat", labels.REVISION: canary},
+            },
+            "status": {"containerStatuses": [engine]},
+        }
+    )
+    world.step(10)
+    assert world.status["analysis"]["restartsAtLive"] == 0
+    assert world.replicas() == {stable: 2, canary: 1}
+    # Every window passes, but its engine crashed once: the requests it held are lost.
+    engine["restartCount"] = 1
+    world.step(1)
+    assert world.replicas() == {stable: 2, canary: 0}
+    degraded = world.condition("Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "RolledBack")
+    assert "the canary's engine restarted 1 time during its analysis" in degraded["message"]
+
+
 def test_the_acceptance_column_shows_the_payoff_of_a_pair_rolled_out_without_analysis() -> None:
     # A new user's first SD: a pair, no canary, no analysis, no guard. What it pays is still
     # measured and shown (status.acceptanceRate, the ACCEPTANCE column).

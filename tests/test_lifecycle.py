@@ -58,6 +58,7 @@ def view(
     containers_ready: bool = True,
     since: datetime = START,
     ready_since: datetime | None = None,
+    restarts: int = 0,
 ) -> CanaryView:
     return CanaryView(
         revision="canary",
@@ -67,6 +68,7 @@ def view(
         has_draft=True,
         ready_pods=1 if ready else 0,
         ready_since_seconds=ready_since.timestamp() if ready_since else None,
+        restarts=restarts,
     )
 
 
@@ -113,6 +115,29 @@ class Run:
         self.state = judgement.state
         self.judgements.append(judgement)
         return judgement
+
+
+def test_an_engine_restart_during_the_analysis_rolls_the_canary_back_at_once() -> None:
+    # Its pod restarted once before going live (a slow first start): that is the baseline.
+    run = Run()
+    assert run.step(canary=view(restarts=1)).state.restarts_at_live == 1  # type: ignore[union-attr]
+    assert run.step(10, canary=view(restarts=1)).outcome == Outcome.CONTINUE
+    # Its engine crashes mid-analysis, though every window's figures pass.
+    crashed = run.step(10, canary=view(restarts=2))
+    assert crashed.outcome == Outcome.ROLLBACK
+    assert crashed.verdict is not None
+    assert crashed.verdict.message == (
+        "the canary's engine restarted 1 time during its analysis (a crash loses the requests "
+        "it held)"
+    )
+    assert run.state is not None
+    assert run.state.failures >= SETTINGS.failure_limit
+    # A pod replaced (its count starts again from 0) is no crash: counted from there.
+    replaced = Run()
+    replaced.step(canary=view(restarts=3))
+    assert replaced.step(10, canary=view(restarts=0)).outcome == Outcome.CONTINUE
+    assert replaced.step(10, canary=view(restarts=0)).outcome == Outcome.CONTINUE
+    assert replaced.step(10, canary=view(restarts=0)).outcome == Outcome.PROMOTE
 
 
 def test_a_good_canary_is_promoted_after_its_passes_and_takes_requests_all_along() -> None:

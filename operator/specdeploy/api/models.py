@@ -1213,6 +1213,14 @@ class AnalysisStatus(ApiModel):
     passes_in_a_row: int = Field(default=0, description="Passing verdicts in a row.")
     failures: int = Field(default=0, description="Failed verdicts over the run.")
     inconclusive_in_a_row: int = Field(default=0, description="Inconclusive verdicts in a row.")
+    restarts_at_live: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Container restarts of the canary's pods when its live analysis began: a restart "
+            "after it rolls the canary back."
+        ),
+    )
     errors_in_a_row: int = Field(
         default=0,
         description=(

@@ -36,6 +36,7 @@ from specdeploy.plan.rollout.lifecycle import (
 )
 from specdeploy.plan.rollout.probe import (
     ProbeResult,
+    container_restarts,
     containers_ready_pods,
     gates_to_open,
     pods_ready_since,
@@ -274,6 +275,7 @@ def judge_revisions(
             ready_pods=canary_record.ready_replicas if canary_record else 0,
             wanted_pods=wanted,
             ready_since_seconds=pods_ready_since(pods, canary),
+            restarts=container_restarts(pods, canary),
         )
     judgement = judge_canary(
         status.analysis if status else None,

@@ -102,6 +102,8 @@ class CanaryView:
     #: When the last of its Ready pods turned Ready (the kubelet's stamp, cut to the second),
     #: in seconds; None when unknown.
     ready_since_seconds: float | None = None
+    #: Its pods' container restarts (restartCount, summed over their containers).
+    restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,11 @@ def judge_canary(
         if probe_configured and canary.containers_ready:
             state = state.model_copy(update={"stage": Stage.PROBE})
         elif not probe_configured and canary.ready:
-            live = {"stage": Stage.LIVE, "started_at": _start_stamp(_live_start(canary, now))}
+            live = {
+                "stage": Stage.LIVE,
+                "started_at": _start_stamp(_live_start(canary, now)),
+                "restarts_at_live": canary.restarts,
+            }
             state = state.model_copy(update=live)
     skip_probe = requests.promote == f"{revision}/probe"
     if state.stage == Stage.PROBE:
@@ -308,7 +314,11 @@ def _probe_stage(
     now: datetime,
     skip: bool,
 ) -> CanaryJudgement:
-    live = {"stage": Stage.LIVE, "started_at": _stamp(now)}
+    live: dict[str, object] = {
+        "stage": Stage.LIVE,
+        "started_at": _stamp(now),
+        "restarts_at_live": canary.restarts,
+    }
     if skip:
         verdict = IntervalVerdict(
             Result.INCONCLUSIVE, "probe skipped by a person (kubectl specdeploy promote)"
@@ -359,6 +369,28 @@ def _live_stage(
     now: datetime,
     tuned: bool,
 ) -> CanaryJudgement:
+    baseline = state.restarts_at_live
+    if baseline is not None and canary.restarts < baseline:
+        # A pod replaced (its restarts start again from 0): count from what is there now.
+        state = state.model_copy(update={"restarts_at_live": canary.restarts})
+    elif baseline is not None and canary.restarts > baseline:
+        # A crash loses every request the engine held, which no counter of its shows (they
+        # restart from 0): decisive, as a failed probe is.
+        crashed = canary.restarts - baseline
+        verdict = IntervalVerdict(
+            Result.FAIL,
+            f"the canary's engine restarted {crashed} time{'s' if crashed > 1 else ''} during "
+            "its analysis (a crash loses the requests it held)",
+        )
+        judged = state.model_copy(update={"judged_at": state.judged_at or _stamp(now)})
+        return _ended(
+            judged,
+            Outcome.ROLLBACK,
+            EndReason.ANALYSIS,
+            verdict,
+            "Live",
+            failures=max(state.failures + 1, settings.failure_limit),
+        )
     started = parse_time(state.started_at).timestamp()
     number = interval_number(started, now.timestamp(), duration_seconds(settings.interval))
     if number <= state.last_interval:

@@ -277,6 +277,16 @@ def pods_ready_since(pods: Sequence[Mapping[str, Any]], revision: str) -> float 
     return max(times, default=None)
 
 
+def container_restarts(pods: Sequence[Mapping[str, Any]], revision: str) -> int:
+    """The container restarts of `revision`'s pods (restartCount, summed over containers)."""
+    return sum(
+        int(status.get("restartCount") or 0)
+        for pod in pods
+        if live_revision_of(pod) == revision
+        for status in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+
+
 def gates_to_open(
     pods: Sequence[Mapping[str, Any]],
     *,
