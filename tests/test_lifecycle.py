@@ -31,6 +31,7 @@ from vllm_windows import figures
 START = datetime(2026, 11, 26, 8, 0, tzinfo=UTC)
 SETTINGS = AnalysisSettings(interval="10s", min_draft_tokens=100)
 GOOD = figures(0.8, 3.4, 0.010)
+BAD = figures(0.05, 1.1, 0.010)
 TARGET_ALONE = figures(None, 1.0, 0.008)
 
 
@@ -138,6 +139,38 @@ def test_an_engine_restart_during_the_analysis_rolls_the_canary_back_at_once() -
     assert replaced.step(10, canary=view(restarts=0)).outcome == Outcome.CONTINUE
     assert replaced.step(10, canary=view(restarts=0)).outcome == Outcome.CONTINUE
     assert replaced.step(10, canary=view(restarts=0)).outcome == Outcome.PROMOTE
+
+
+def test_a_warm_up_holds_the_first_counted_window_back() -> None:
+    # 30 s of live traffic first: its gate is open (it takes requests, its caches warm), and
+    # the intervals count from the warm-up's end, so no window reads the cold start.
+    run = Run(settings=SETTINGS.model_copy(update={"warmup": "30s"}))
+    first = run.step()
+    assert first.state is not None
+    assert first.open_gate
+    assert first.state.started_at == "2026-11-26T08:00:30Z"
+    cold = {"canary": BAD, "stable": GOOD}
+    for _ in range(3):
+        during = run.step(10, measured=cold)
+        assert during.outcome == Outcome.CONTINUE
+        assert during.verdict is None
+        assert during.open_gate
+    outcomes = [run.step(10).outcome for _ in range(SETTINGS.promote_after)]
+    assert outcomes[-1] == Outcome.PROMOTE
+    # Without a warm-up the same cold windows are judged, and fail.
+    cold_run = Run()
+    cold_run.step()
+    judged = [cold_run.step(10, measured=cold).outcome for _ in range(2)]
+    assert judged[-1] == Outcome.ROLLBACK
+    # After a probe, the warm-up starts when the gate opens.
+    probed = Run(probe_configured=True, settings=SETTINGS.model_copy(update={"warmup": "30s"}))
+    probed.step(canary=view(ready=False))
+    opened = probed.step(
+        5, canary=view(ready=False), probes={"canary": probe(0.8), "stable": probe(0.8)}
+    )
+    assert opened.open_gate
+    assert opened.state is not None
+    assert opened.state.started_at == "2026-11-26T08:00:35Z"
 
 
 def test_a_good_canary_is_promoted_after_its_passes_and_takes_requests_all_along() -> None:

@@ -34,6 +34,9 @@ class AnalysisSettings(ApiModel):
 
     interval: Duration = Field(default="60s", description="Time between verdicts.")
     window: Duration = Field(default="5m", description="Prometheus range of one verdict.")
+    warmup: Duration = Field(
+        default="0s", description="Live time before the first counted window (cold caches)."
+    )
     min_draft_tokens: int = Field(default=2000, ge=0, description="Draft tokens for a verdict.")
     min_acceptance_rate: float = Field(
         default=0.6, ge=0, le=1, description="Absolute floor on first-position acceptance."

@@ -742,6 +742,14 @@ class AnalysisSpec(ApiModel):
     window: Duration | None = Field(
         default=None, description="Prometheus range each verdict looks at."
     )
+    warmup: Duration | None = Field(
+        default=None,
+        description=(
+            "Live time before the first counted window: the canary takes its share of "
+            "requests meanwhile (its prefix cache, its compiled graphs warm up), and no verdict "
+            "reads them. Intervals count from its end. Default 0s."
+        ),
+    )
     min_draft_tokens: int | None = Field(
         default=None,
         ge=0,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from specdeploy.api import labels
 from specdeploy.api.config import AnalysisSettings
@@ -229,9 +229,10 @@ def judge_canary(
         if probe_configured and canary.containers_ready:
             state = state.model_copy(update={"stage": Stage.PROBE})
         elif not probe_configured and canary.ready:
+            warmed = _live_start(canary, now) + timedelta(seconds=_warmup(settings))
             live = {
                 "stage": Stage.LIVE,
-                "started_at": _start_stamp(_live_start(canary, now)),
+                "started_at": _start_stamp(warmed),
                 "restarts_at_live": canary.restarts,
             }
             state = state.model_copy(update=live)
@@ -262,6 +263,11 @@ def judge_canary(
         now=now,
         tuned=tuned,
     )
+
+
+def _warmup(settings: AnalysisSettings) -> float:
+    """Seconds of live traffic before the first counted window (analysis.warmup)."""
+    return duration_seconds(settings.warmup)
 
 
 def _live_start(canary: CanaryView, now: datetime) -> datetime:
@@ -316,7 +322,7 @@ def _probe_stage(
 ) -> CanaryJudgement:
     live: dict[str, object] = {
         "stage": Stage.LIVE,
-        "started_at": _stamp(now),
+        "started_at": _stamp(now + timedelta(seconds=_warmup(settings))),
         "restarts_at_live": canary.restarts,
     }
     if skip:
