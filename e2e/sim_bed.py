@@ -150,6 +150,15 @@ class Bed:
         revision: str = eventually(found, 120, f"the analysis of pair {version}")
         return revision
 
+    def wait_live(self, canary: str, what: str = "the canary live") -> None:
+        """Until the canary's analysis is at its Live stage (its probe, if any, passed)."""
+
+        def live_stage() -> bool:
+            analysis = self.status().get("analysis") or {}
+            return analysis.get("revision") == canary and analysis.get("stage") == "Live"
+
+        eventually(live_stage, READY_S, what)
+
     def outcome(self, canary: str) -> tuple[dict[str, Any], float]:
         """status.analysis once the canary's analysis ended, and the seconds it took."""
         started = time.monotonic()

@@ -32,10 +32,10 @@ from collections.abc import Iterator
 import pytest
 
 from engine_cluster import engine_url, prometheus_value, revision_pods
-from sim_bed import INTERVAL_S, READY_S, SD, Bed, live, report, sim_bed
+from sim_bed import INTERVAL_S, SD, Bed, live, report, sim_bed
 from specdeploy.engine.tiny_models import PROBE_PROMPTS
 from specdeploy.sim.engine import prompt_scale
-from testbed import ClusterEnv, Kubectl, eventually
+from testbed import ClusterEnv, Kubectl
 from testbed.conditions import is_ready
 
 pytestmark = [pytest.mark.e2e]
@@ -76,12 +76,7 @@ def test_2_held_while_the_stables_queries_fail_then_promoted(bed: Bed) -> None:
     with bed.load():
         bed.apply("sim/eagle3-good", "3-good-again")
         canary = bed.canary_of("3-good-again")
-
-        def canary_live() -> bool:
-            analysis = bed.status().get("analysis") or {}
-            return analysis.get("revision") == canary and analysis.get("stage") == "Live"
-
-        eventually(canary_live, READY_S, "the canary live")
+        bed.wait_live(canary)
         bed.proxy.fail_revision(stable)
         try:
             held = time.monotonic() + 4 * INTERVAL_S
@@ -197,12 +192,7 @@ def test_7_5xx_before_the_engine_roll_the_canary_back_on_live_traffic(bed: Bed) 
     with bed.load() as load:
         bed.apply("sim/eagle3-varied", "9-failing")
         canary = bed.canary_of("9-failing")
-
-        def live_stage() -> bool:
-            analysis = bed.status().get("analysis") or {}
-            return analysis.get("revision") == canary and analysis.get("stage") == "Live"
-
-        eventually(live_stage, READY_S, "the canary live, its probe passed")
+        bed.wait_live(canary, "the canary live, its probe passed")
         for pod in revision_pods(bed.kubectl, bed.namespace, SD, canary):
             _put_faults(engine_url(bed.cluster, pod), {"errorRates": {"500": 0.3}})
         analysis, took = bed.outcome(canary)
