@@ -461,10 +461,14 @@ def _judge_errors(
     theirs = (stable.error_rate if stable is not None else None) or 0.0
     finished = f"{canary.finished:,.0f} requests" if canary.finished else "no request"
     figure = f"errors {mine:.1%} of {finished} vs the stable's {theirs:.1%}"
-    if mine - theirs > criteria.max_error_rate_increase:
-        return _Judged(
-            failure=f"{figure} (more than {criteria.max_error_rate_increase:.0%} above)",
-        )
+    return _share_above(figure, mine - theirs, criteria)
+
+
+def _share_above(figure: str, increase: float, criteria: AnalysisSettings) -> _Judged:
+    """An error share's finding: a failure when it is more than `maxErrorRateIncrease` above
+    the stable's, else its figure."""
+    if increase > criteria.max_error_rate_increase:
+        return _Judged(failure=f"{figure} (more than {criteria.max_error_rate_increase:.0%} above)")
     return _Judged(figures=(figure,))
 
 
@@ -482,9 +486,7 @@ def _judge_server_errors(
         f"HTTP 5xx {mine:.1%} of {canary.responses or 0:,.0f} responses vs the stable's "
         f"{theirs:.1%}"
     )
-    if mine - theirs > criteria.max_error_rate_increase:
-        return _Judged(failure=f"{figure} (more than {criteria.max_error_rate_increase:.0%} above)")
-    return _Judged(figures=(figure,))
+    return _share_above(figure, mine - theirs, criteria)
 
 
 @dataclass(frozen=True)
