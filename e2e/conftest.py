@@ -47,7 +47,7 @@ from engine_harness import (
     pool_summary,
     tiny_models,
 )
-from testbed import ClusterEnv, Kubectl, create_namespace_with_queues, down, eventually, up
+from testbed import ClusterEnv, Kubectl, down, eventually, queued_namespace, up
 from testbed.kubectl import api_client
 from testbed.processes import logged_failures
 from testbed.prometheus_operator import served_pod_monitor_crd
@@ -326,11 +326,8 @@ def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[str]
     """A fresh namespace with the LocalQueues `interactive` and `batch`; deleted afterwards."""
     stem = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
     name = f"e2e-{stem}-{uuid.uuid4().hex[:5]}"
-    create_namespace_with_queues(kubectl, name)
-    try:
+    with queued_namespace(kubectl, name):
         yield name
-    finally:
-        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
 
 
 # --- CRDs the operator looks for -----------------------------------------------------------------

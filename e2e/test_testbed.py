@@ -17,8 +17,8 @@ from testbed import (
     RESTRICTED_CONTAINER_SECURITY,
     RESTRICTED_POD_SECURITY,
     Kubectl,
-    create_namespace_with_queues,
     eventually,
+    queued_namespace,
 )
 
 pytestmark = pytest.mark.e2e
@@ -102,12 +102,8 @@ def refusal_namespace(kubectl: Kubectl) -> Iterator[str]:
     """One namespace for every invalid fixture: each is a server-side dry run, so nothing is
     stored and the cases cannot see each other; a namespace apiece made the namespace
     controller delete 127 of them while the next ones waited on their ServiceAccount."""
-    name = f"e2e-refusals-{uuid.uuid4().hex[:5]}"
-    create_namespace_with_queues(kubectl, name)
-    try:
+    with queued_namespace(kubectl, f"e2e-refusals-{uuid.uuid4().hex[:5]}") as name:
         yield name
-    finally:
-        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.mark.parametrize(

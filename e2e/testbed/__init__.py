@@ -12,6 +12,7 @@ from testbed.cluster import (
     create_namespace_with_queues,
     down,
     health,
+    queued_namespace,
     run_dir,
     up,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "down",
     "eventually",
     "health",
+    "queued_namespace",
     "run_dir",
     "up",
 ]

@@ -944,6 +944,17 @@ def create_namespace_with_queues(kubectl: Kubectl, namespace: str) -> None:
     )
 
 
+@contextlib.contextmanager
+def queued_namespace(kubectl: Kubectl, namespace: str) -> Iterator[str]:
+    """`namespace` made by create_namespace_with_queues for the block, deleted after it (not
+    waited for)."""
+    create_namespace_with_queues(kubectl, namespace)
+    try:
+        yield namespace
+    finally:
+        kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
+
+
 # --- the commands ----------------------------------------------------------------------------
 
 
