@@ -5,8 +5,9 @@ KWOK pods give Prometheus nothing, so a canary's every verdict is Inconclusive a
 each verb moves it (promote, abort, pause and resume, undo), `status` and `history` show it, and
 a verb that does not apply refuses in one line. A canary that can never be ready (its pods
 ask for more memory than its queue has) is rolled back at its progress deadline, and a held one
-at its inconclusive limit, both freeing their pods. `resume-speculation` needs a collapse guard
-that fired, on real engines: e2e/test_canary_engine.py.
+at its inconclusive limit, both freeing their pods; `retry` starts the held one again.
+`resume-speculation` needs a collapse guard that fired, on real engines:
+e2e/test_canary_engine.py.
 """
 
 from __future__ import annotations
@@ -277,3 +278,32 @@ def test_a_hold_with_no_traffic_is_rolled_back_at_its_inconclusive_limit(
         60,
         "the canary's pod gone",
     )
+
+    # Nothing measured it failing: `retry` starts it again as a new canary, once per value.
+    plugin = Plugin(kubectl, namespace)
+    assert plugin("retry", SD) == f"{SD}: revision {canary} tried again as a new canary\n"
+    started = analysis["startedAt"]
+
+    def again() -> dict[str, Any] | None:
+        found = status(kubectl, namespace)
+        analysis = found.get("analysis") or {}
+        records = [r for r in found.get("revisions", []) if r["revision"] == canary]
+        fresh = analysis.get("revision") == canary and analysis.get("outcome") == "Hold"
+        return found if fresh and records and records[0].get("retried") == canary else None
+
+    retried = eventually(again, 60, "the retried canary holding again")
+    assert retried["canaryRevision"] == canary
+    assert retried["stableRevision"] == stable
+    [record] = [r for r in retried["revisions"] if r["revision"] == canary]
+    assert record["phase"] == "Canary"
+    assert retried["analysis"]["inconclusiveInARow"] < 3
+    sd = eventually(rolled_back, 120, "the retried canary rolled back at its limit again")
+    assert sd["status"]["analysis"]["startedAt"] != started, "a new analysis"
+    time.sleep(2 * INTERVAL_S)
+    found = status(kubectl, namespace)
+    assert found["analysis"]["outcome"] == "Rollback", "the honoured value is not honoured twice"
+    [record] = [r for r in found["revisions"] if r["revision"] == canary]
+    assert record["phase"] == "Failed"
+    assert plugin("retry", SD) == f"{SD}: revision {canary} tried again as a new canary\n"
+    annotations = kubectl.get_json("sd", SD, "-n", namespace)["metadata"]["annotations"]
+    assert annotations["specdeploy.dev/retry"] == f"{canary}-2"

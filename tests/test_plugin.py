@@ -27,6 +27,8 @@ def ask(world: World, request: verbs.Request) -> None:
     """What the plugin sends: a merge patch of the SD's annotations."""
     body = world.kube.objects[("SpeculativeDeployment", "ns", "chat")]
     annotations = body["metadata"].setdefault("annotations", {})
+    for key in request.removes:
+        annotations.pop(key, None)
     if request.value is None:
         annotations.pop(request.annotation, None)
     else:
@@ -125,6 +127,69 @@ def test_undo_serves_an_earlier_revision_until_the_spec_changes() -> None:
     _, third = world.new_draft("r3")
     assert world.status["canaryRevision"] == third
     assert world.replicas()[third] == 1
+
+
+def test_retry_starts_an_aborted_canary_afresh_once_per_value() -> None:
+    world = started()
+    stable, canary = world.new_draft("r2")
+    world.measured = {stable: GOOD, canary: GOOD}
+    world.step(10)
+    ask(world, verbs.abort(sd(world)))
+    world.step()
+    assert world.replicas() == {stable: 2, canary: 0}
+    request = verbs.retry(sd(world))
+    assert (request.annotation, request.value, request.removes) == (
+        labels.RETRY,
+        canary,
+        (labels.ABORT,),
+    )
+    assert verbs.annotation_patch(request) == {
+        "metadata": {"annotations": {labels.ABORT: None, labels.RETRY: canary}}
+    }
+    ask(world, request)
+    world.step()
+    # A new canary: its pod back, its analysis from the start, its earlier verdicts kept.
+    assert world.status["canaryRevision"] == canary
+    assert world.replicas() == {stable: 2, canary: 1}
+    analysis = world.status["analysis"]
+    assert analysis["revision"] == canary
+    assert analysis["outcome"] == "Continue"
+    assert analysis["failures"] == 0
+    assert analysis["passesInARow"] == 0
+    [record] = [r for r in world.status["revisions"] if r["revision"] == canary]
+    assert (record["phase"], record["retried"]) == ("Canary", canary)
+    assert [v["source"] for v in record["verdicts"]][-1] == "Person"
+    assert world.condition("Degraded")["status"] == "False"
+    assert verbs.retry(sd(world)).already
+    # Aborted again: the honoured value does not start it a third time, a new one would.
+    ask(world, verbs.abort(sd(world)))
+    world.step()
+    world.restart()
+    world.step(60)
+    world.step(60)
+    assert world.replicas() == {stable: 2, canary: 0}
+    [record] = [r for r in world.status["revisions"] if r["revision"] == canary]
+    assert [v["source"] for v in record["verdicts"]].count("Person") == 2, "not retried again"
+    assert verbs.retry(sd(world)).value == f"{canary}-2"
+
+
+def test_retry_refuses_a_canary_its_live_verdicts_failed_and_one_that_serves() -> None:
+    world = started()
+    with pytest.raises(verbs.NotApplicableError, match="was not rolled back"):
+        verbs.retry(sd(world))
+    stable, canary = world.new_draft("r2")
+    world.measured = {stable: GOOD, canary: BAD}
+    for _ in range(3):
+        world.step(10)
+    assert world.replicas() == {stable: 2, canary: 0}
+    with pytest.raises(verbs.NotApplicableError, match="rolled back on a failed live verdict"):
+        verbs.retry(sd(world))
+    # Asked by hand all the same: the operator honours no retry of a pair its verdicts failed.
+    ask(world, verbs.Request(labels.RETRY, canary, "by hand"))
+    world.step()
+    world.step(10)
+    assert world.replicas() == {stable: 2, canary: 0}
+    assert world.condition("Degraded")["reason"] == "RolledBack"
 
 
 def test_resume_speculation_names_the_collapsed_revision_and_a_new_value_each_time() -> None:

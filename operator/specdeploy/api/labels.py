@@ -33,3 +33,6 @@ ABORT: Final = "specdeploy.dev/abort"
 PAUSE: Final = "specdeploy.dev/pause"
 #: Serve the revision `<revision>@<generation>` until the spec changes (metadata.generation).
 UNDO: Final = "specdeploy.dev/undo"
+#: Try the rolled-back revision `<revision>[-n]` again as a new canary, when nothing it
+#: measured failed it (plan.rollout.retry).
+RETRY: Final = "specdeploy.dev/retry"

@@ -1195,6 +1195,13 @@ class RevisionStatus(ApiModel):
         default=None,
         description="Its revision record's number (kubectl specdeploy undo --to-revision N).",
     )
+    retried: str | None = Field(
+        default=None,
+        description=(
+            "The specdeploy.dev/retry value last honoured for it (kubectl specdeploy retry): "
+            "it was tried again as a new canary; a later retry needs a new value."
+        ),
+    )
 
 
 class SpeculationStatus(ApiModel):

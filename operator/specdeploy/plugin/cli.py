@@ -7,6 +7,7 @@
     kubectl specdeploy [-n NS] resume-speculation NAME    bring a collapsed pair back
     kubectl specdeploy [-n NS] history NAME               revisions kept, with record numbers
     kubectl specdeploy [-n NS] undo NAME [--to-revision N]  serve an earlier revision
+    kubectl specdeploy [-n NS] retry NAME                 try a revision rolled back unjudged again
 
 Each verb sets or removes one annotation on the SD (specdeploy.plugin.verbs), which the
 operator honours; none touches a Deployment or a pod. Exit codes: 0 done (or already so), 1 the
@@ -132,6 +133,7 @@ VERBS: dict[str, Callable[[Cluster, argparse.Namespace], int]] = {
     "pause": _act(lambda sd, _c, _a: verbs.pause(sd)),
     "resume": _act(lambda sd, _c, _a: verbs.resume(sd)),
     "resume-speculation": _act(lambda sd, _c, _a: verbs.resume_speculation(sd)),
+    "retry": _act(lambda sd, _c, _a: verbs.retry(sd)),
     "undo": _act(
         lambda sd, c, a: verbs.undo(
             sd,
@@ -150,6 +152,7 @@ HELP = {
     "resume": "take verdicts on the paused canary again",
     "resume-speculation": "bring back the pair the collapse guard took off",
     "undo": "serve an earlier revision until the spec changes",
+    "retry": "try the spec's revision again, rolled back with no failed verdict (deadline, limit)",
 }
 
 

@@ -16,6 +16,9 @@ idempotent. A verb that does not apply refuses with one line and changes nothing
   collapse guard took off comes back, as any new pair does;
 - undo: `specdeploy.dev/undo: <revision>@<generation>`, that revision serves until the spec
   changes (metadata.generation moves on).
+- retry: `specdeploy.dev/retry: <revision>[-n]`, the spec's revision, rolled back without a
+  failed verdict of its probe or live traffic (a deadline, the inconclusive limit, an abort),
+  starts again as a new canary.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 from specdeploy.api import labels
 from specdeploy.api.models import SpeculativeDeployment, SpeculativeDeploymentStatus
 from specdeploy.plan.rollout.collapse import RESUME_ANNOTATION
+from specdeploy.plan.rollout.retry import retried_revision, retry_refusal
 
 
 class NotApplicableError(Exception):
@@ -42,6 +46,8 @@ class Request:
     said: str
     #: The annotation already holds this value: nothing to write.
     already: bool = False
+    #: Other annotations the request removes (stale requests of the same revision).
+    removes: tuple[str, ...] = ()
 
 
 def _status(sd: SpeculativeDeployment) -> SpeculativeDeploymentStatus:
@@ -51,6 +57,12 @@ def _status(sd: SpeculativeDeployment) -> SpeculativeDeploymentStatus:
 def _request(sd: SpeculativeDeployment, annotation: str, value: str | None, said: str) -> Request:
     current = sd.metadata.annotations.get(annotation)
     return Request(annotation, value, said, already=current == value)
+
+
+def _asked_again(honoured: str) -> str:
+    """The next value of a request honoured once per value: `<revision>-2`, `-3`, ..."""
+    base, _, count = honoured.partition("-")
+    return f"{base}-{int(count) + 1 if count.isdigit() else 2}"
 
 
 def _canary(sd: SpeculativeDeployment, verb: str) -> str:
@@ -123,8 +135,7 @@ def resume_speculation(sd: SpeculativeDeployment) -> Request:
         RESUME_ANNOTATION
     ):
         # Resumed before: a later resume of the same revision needs a new value.
-        base, _, count = collapse.resumed_with.partition("-")
-        value = f"{base}-{int(count) + 1 if count.isdigit() else 2}"
+        value = _asked_again(collapse.resumed_with)
     else:
         value = collapse.revision
     return _request(
@@ -177,6 +188,38 @@ def undo(
     )
 
 
+def retry(sd: SpeculativeDeployment) -> Request:
+    """Try the spec's rolled-back revision again as a new canary, when no failed verdict of its
+    probe or live traffic rolled it back (plan.rollout.retry); a person's abort or pause of it
+    is removed with the request."""
+    status = _status(sd)
+    progress = status.progress
+    revision = progress.revision if progress is not None else None
+    record = next((r for r in status.revisions if r.revision == revision), None)
+    if record is None:
+        raise NotApplicableError("nothing to retry: the spec's revision is not in status.revisions")
+    asked = sd.metadata.annotations.get(labels.RETRY)
+    said = f"revision {record.revision} tried again as a new canary"
+    if record.phase != "Failed" and record.retried is not None and record.retried == asked:
+        return Request(labels.RETRY, asked, said, already=True)
+    refusal = retry_refusal(record)
+    if refusal is not None:
+        raise NotApplicableError(f"nothing to retry: {refusal}")
+    if record.retried is not None and retried_revision(record.retried) == record.revision:
+        # Retried before: a later retry of the same revision needs a new value.
+        value = _asked_again(record.retried)
+    else:
+        value = record.revision
+    stale = tuple(
+        key
+        for key in (labels.ABORT, labels.PAUSE)
+        if sd.metadata.annotations.get(key) == record.revision
+    )
+    return Request(labels.RETRY, value, said, removes=stale)
+
+
 def annotation_patch(request: Request) -> dict[str, Any]:
     """The merge patch (RFC 7386) of the SD that carries the request."""
-    return {"metadata": {"annotations": {request.annotation: request.value}}}
+    annotations: dict[str, Any] = dict.fromkeys(request.removes)
+    annotations[request.annotation] = request.value
+    return {"metadata": {"annotations": annotations}}

@@ -47,6 +47,7 @@ from specdeploy.plan.rollout.canary import (
 )
 from specdeploy.plan.rollout.collapse import RESUME_ANNOTATION, GuardVerdict, watch_collapse
 from specdeploy.plan.rollout.lifecycle import PersonRequests
+from specdeploy.plan.rollout.retry import honour_retry
 from specdeploy.plan.rollout.revisions import (
     RevisionDeployment,
     RolloutEvent,
@@ -79,8 +80,12 @@ class World:
 
 
 def read_world(snapshot: Snapshot, config: OperatorConfig, catalog: Sequence[GpuProduct]) -> World:
-    """The SD, its analysis settings, the GPU inventory and its revision Deployments."""
+    """The SD, its analysis settings, the GPU inventory and its revision Deployments; a
+    person's retry of a rolled-back revision is read into its status (plan.rollout.retry)."""
     sd = SpeculativeDeployment.from_body(dict(snapshot.body))
+    retried = honour_retry(sd.status, sd.metadata.annotations)
+    if retried is not sd.status:
+        sd = sd.model_copy(update={"status": retried})
     ready_pods = ready_pods_by_revision(snapshot.pods)
     found = (
         read_revision_deployment(d, ready_pods)

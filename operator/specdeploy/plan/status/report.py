@@ -475,6 +475,7 @@ def _revision_history(
                     ]
                 ),
                 probe=seen.probes.get(revision.revision) or (before.probe if before else None),
+                retried=before.retried if before else None,
             )
         )
     return records[-(history_limit + 1) :]
