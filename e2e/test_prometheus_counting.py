@@ -16,7 +16,9 @@ it twice.
 A third exporter serves vLLM's inter-token latency sum and count with a mean step of 20 ms,
 30 ms for one stretch's worth of time: each stretch's step time is the sum's growth over the
 count's between its first and last scrape, exactly, and the median of the stretches is the
-20 ms the exporter ran at the rest of the time.
+20 ms the exporter ran at the rest of the time. Its generation tokens and first tokens grow
+too, 2.5 tokens a step in the slow time (speculation on): each stretch's time per output
+token is its sum's growth over its own tokens decoded, exactly.
 """
 
 from __future__ import annotations
@@ -36,11 +38,14 @@ import pytest
 from prometheus_api_client import PrometheusConnect
 
 from specdeploy.adapters.prometheus import (
+    GENERATION_TOKENS,
     INTER_TOKEN_LATENCY_COUNT,
     INTER_TOKEN_LATENCY_SUM,
+    TIME_TO_FIRST_TOKEN_COUNT,
     RevisionPods,
     by_stretch,
     stretch_step_seconds,
+    stretch_time_per_output_token,
     window_increase,
 )
 from testbed import ClusterEnv, eventually
@@ -283,7 +288,22 @@ def test_the_step_time_of_each_stretch_is_its_sum_over_its_count(cluster: Cluste
         slowed = max(0.0, min(now, slow[1]) - slow[0])
         return 0.020 * count(now) + 0.010 * STEPS_PER_SECOND * slowed
 
-    exporter = Exporter({INTER_TOKEN_LATENCY_COUNT: count, INTER_TOKEN_LATENCY_SUM: total})
+    def first_tokens(now: float) -> float:
+        return 2.0 * (now - start)
+
+    def generated(now: float) -> float:
+        # One token a step, 2.5 in the slow time, and each request's first.
+        slowed = max(0.0, min(now, slow[1]) - slow[0])
+        return count(now) + 1.5 * STEPS_PER_SECOND * slowed + first_tokens(now)
+
+    exporter = Exporter(
+        {
+            INTER_TOKEN_LATENCY_COUNT: count,
+            INTER_TOKEN_LATENCY_SUM: total,
+            GENERATION_TOKENS: generated,
+            TIME_TO_FIRST_TOKEN_COUNT: first_tokens,
+        }
+    )
     selector, target_file = registered(cluster, [exporter])
     try:
         # A whole window before the slow stretch, the slow stretch, and half a window after.
@@ -297,38 +317,65 @@ def test_the_step_time_of_each_stretch_is_its_sum_over_its_count(cluster: Cluste
         for name, values in (
             (series["metric"]["__name__"], series["values"])
             for series in client.custom_query(
-                f'{{__name__=~"vllm:inter_token_latency_seconds_(sum|count)",'
+                f'{{__name__=~"{INTER_TOKEN_LATENCY_SUM}|{INTER_TOKEN_LATENCY_COUNT}|'
+                f'{GENERATION_TOKENS}|{TIME_TO_FIRST_TOKEN_COUNT}",'
                 f"{selector[1:-1]}}}[3m]",
                 params={"time": time.time()},
             )
         )
     }
     sums, counts = raw[INTER_TOKEN_LATENCY_SUM], raw[INTER_TOKEN_LATENCY_COUNT]
-    assert [t for t, _ in sums] == [t for t, _ in counts], "one scrape, one timestamp"
+    tokens, firsts = raw[GENERATION_TOKENS], raw[TIME_TO_FIRST_TOKEN_COUNT]
+    for samples in (counts, tokens, firsts):
+        assert [t for t, _ in sums] == [t for t, _ in samples], "one scrape, one timestamp"
     # Read 1 s after the last scrape: each stretch's edge sits 1 s from the 2 s scrapes.
     at = sums[-1][0] + 1.0
-    query = stretch_step_seconds(selector, f"{STRETCHED_WINDOW_S}s", f"{STRETCH_S}s")
-    answer = client.custom_query(query, params={"time": at})
-    read = {int(series["metric"]["stretch"]): float(series["value"][1]) for series in answer}
+    window, stretch = f"{STRETCHED_WINDOW_S}s", f"{STRETCH_S}s"
 
-    expected = {}
-    for n in range(STRETCHED_WINDOW_S // STRETCH_S):
-        end = at - n * STRETCH_S
-        inside = [i for i, (t, _) in enumerate(sums) if end - STRETCH_S < t <= end]
-        first, last = inside[0], inside[-1]
-        expected[n] = (sums[last][1] - sums[first][1]) / (counts[last][1] - counts[first][1])
-    print(f"read {read}, from the samples {expected}, slow from {slow[0] - at:+.1f} s")
-    assert read.keys() == expected.keys()
-    for n, value in expected.items():
-        assert read[n] == pytest.approx(value, rel=1e-6), n
-    # Stretches wholly inside the slow time read 30 ms, wholly outside it 20 ms; the median of
-    # the stretches is the 20 ms the exporter ran at most of the window.
-    for n, value in read.items():
-        end = at - n * STRETCH_S
-        if slow[0] <= end - STRETCH_S and end <= slow[1]:
-            assert value == pytest.approx(0.030, rel=1e-6), n
-        elif end <= slow[0] or end - STRETCH_S >= slow[1]:
-            assert value == pytest.approx(0.020, rel=1e-6), n
+    def read_per_stretch(
+        query: str, figure: Callable[[int, int], float], slow_value: float
+    ) -> tuple[dict[int, float], list[dict[str, Any]]]:
+        """The query's stretches as Prometheus read them, each checked against `figure` of the
+        stretch's first and last samples; wholly inside the slow time `slow_value`, wholly
+        outside it 20 ms."""
+        answer = client.custom_query(query, params={"time": at})
+        read = {int(series["metric"]["stretch"]): float(series["value"][1]) for series in answer}
+        expected = {}
+        for n in range(STRETCHED_WINDOW_S // STRETCH_S):
+            end = at - n * STRETCH_S
+            inside = [i for i, (t, _) in enumerate(sums) if end - STRETCH_S < t <= end]
+            expected[n] = figure(inside[0], inside[-1])
+        print(f"read {read}, from the samples {expected}, slow from {slow[0] - at:+.1f} s")
+        assert read.keys() == expected.keys()
+        for n, value in expected.items():
+            assert read[n] == pytest.approx(value, rel=1e-6), n
+        for n, value in read.items():
+            end = at - n * STRETCH_S
+            if slow[0] <= end - STRETCH_S and end <= slow[1]:
+                assert value == pytest.approx(slow_value, rel=1e-6), n
+            elif end <= slow[0] or end - STRETCH_S >= slow[1]:
+                assert value == pytest.approx(0.020, rel=1e-6), n
+        return read, answer
+
+    def grew(samples: list[tuple[float, float]], first: int, last: int) -> float:
+        return samples[last][1] - samples[first][1]
+
+    # Each stretch's step time: 30 ms wholly inside the slow time, 20 ms wholly outside it; the
+    # median of the stretches is the 20 ms the exporter ran at most of the window.
+    read, answer = read_per_stretch(
+        stretch_step_seconds(selector, window, stretch),
+        lambda first, last: grew(sums, first, last) / grew(counts, first, last),
+        0.030,
+    )
     assert statistics.median(by_stretch(answer)) == pytest.approx(0.020, rel=1e-6)
     # At least half of the slow time falls in one stretch's scrapes (30 ms over 2 of its 4 s).
     assert max(read.values()) >= 0.025 * (1 - 1e-6), "the slow time is seen"
+    # Each stretch's time per output token: its sum's growth over its own tokens decoded, 30 ms
+    # over 2.5 tokens wholly inside the slow time.
+    read_per_stretch(
+        stretch_time_per_output_token(selector, window, stretch),
+        lambda first, last: (
+            grew(sums, first, last) / (grew(tokens, first, last) - grew(firsts, first, last))
+        ),
+        0.012,
+    )

@@ -473,8 +473,12 @@ def stretched(measured: Measurement, *steps: float) -> Measurement:
     """`measured` with the window cut into stretches whose mean step times are `steps`, and the
     whole window's sum and count made of them (each stretch the same number of steps)."""
     each = (measured.steps or 0) / len(steps)
+    per_step = measured.tokens_per_step or 1.0
     return replace(
-        measured, stretch_step_seconds=steps, step_seconds_sum=sum(s * each for s in steps)
+        measured,
+        stretch_step_seconds=steps,
+        stretch_time_per_output_token=tuple(s / per_step for s in steps),
+        step_seconds_sum=sum(s * each for s in steps),
     )
 
 
@@ -488,7 +492,7 @@ def test_a_stretch_of_load_on_the_canary_s_machine_does_not_decide_alone() -> No
     assert canary.step_seconds == pytest.approx(0.012)
     verdict = judge_interval(canary, stable, True, CRITERIA)
     assert verdict.result == Result.PASS, verdict.message
-    assert "4.0 ms per token vs the stable's 4.0 ms (1.00x, the median step of 6 stretches)" in (
+    assert "4.0 ms per token vs the stable's 4.0 ms (1.00x, the median of 6 stretches)" in (
         verdict.message
     )
     # Three stretches of six at 35 % longer: 1.17x over the window's mean, and the median
@@ -496,7 +500,8 @@ def test_a_stretch_of_load_on_the_canary_s_machine_does_not_decide_alone() -> No
     canary = stretched(PAIR, 0.0162, 0.0162, 0.0162, 0.012, 0.012, 0.012)
     verdict = judge_interval(canary, stable, True, CRITERIA)
     assert verdict.result == Result.FAIL
-    assert "time per output token 4.7 ms is 1.18x the stable's 4.0 ms" in verdict.message
+    assert verdict.time_per_output_token == pytest.approx(0.0047)
+    assert "time per output token 4.7 ms is 1.17x the stable's 4.0 ms" in verdict.message
 
 
 def test_a_draft_slow_in_every_stretch_fails_by_the_median_as_by_the_mean() -> None:
@@ -505,10 +510,41 @@ def test_a_draft_slow_in_every_stretch_fails_by_the_median_as_by_the_mean() -> N
     verdict = judge_interval(stretched(slow, *[0.040] * 5), stable, False, CRITERIA)
     assert verdict.result == Result.FAIL
     assert verdict.message == (
-        "time per output token 10.0 ms is 1.25x the stable's 8.0 ms, the median step of 5 "
+        "time per output token 10.0 ms is 1.25x the stable's 8.0 ms, the median of 5 "
         "stretches (more than 1.10x)"
     )
     assert verdict.time_per_output_token == pytest.approx(0.010)
+
+
+def test_each_stretch_s_step_is_divided_by_its_own_tokens_per_step() -> None:
+    # The review's D13: a canary with a schedule of k ran three stretches at peak (k=0, 22 ms a
+    # step, one token) and two off it (k=3, 28 ms a step, 2.53 tokens), the target alone 20 ms
+    # a step throughout. The median step (22 ms) over the whole window's tokens per step
+    # (1.61) read 13.6 ms a token, 0.68x: the peak's step over the off-peak's tokens. Stretch by
+    # stretch, the canary is 22 ms a token at peak and 11.1 ms off it: the median is the
+    # peak's, 1.10x, and a canary slower still at peak fails.
+    steps, tokens = (0.022, 0.022, 0.022, 0.028, 0.028), (1.0, 1.0, 1.0, 2.53, 2.53)
+    canary = replace(
+        PAIR,
+        stretch_step_seconds=steps,
+        stretch_time_per_output_token=tuple(s / t for s, t in zip(steps, tokens, strict=True)),
+        step_seconds_sum=sum(steps) * (PAIR.steps or 0) / 5,
+        output_tokens=(PAIR.steps or 0) * sum(tokens) / 5 + (PAIR.first_tokens or 0),
+        engine_steps=TARGET_ALONE.engine_steps,
+    )
+    assert canary.step_seconds == pytest.approx(0.022)
+    assert canary.tokens_per_step == pytest.approx(1.612)
+    stable = stretched(replace(TARGET_ALONE, steps=PAIR.steps), *[0.020] * 5)
+    assert canary.time_per_output_token == pytest.approx(0.022)
+    verdict = judge_interval(canary, stable, False, CRITERIA)
+    assert verdict.time_per_output_token == pytest.approx(0.022)
+    assert "22.0 ms per token vs the stable's 20.0 ms (1.10x, the median of 5 stretches)" in (
+        verdict.message
+    )
+    slower = replace(canary, stretch_time_per_output_token=(0.024, 0.024, 0.024, 0.011, 0.011))
+    verdict = judge_interval(slower, stable, False, CRITERIA)
+    assert verdict.result == Result.FAIL, verdict.message
+    assert "time per output token 24.0 ms is 1.20x the stable's 20.0 ms" in verdict.message
 
 
 @pytest.mark.parametrize("count", [0, 1, 2])

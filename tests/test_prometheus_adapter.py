@@ -22,6 +22,7 @@ from specdeploy.adapters.prometheus import (
     INTER_TOKEN_LATENCY_COUNT,
     INTER_TOKEN_LATENCY_SUM,
     REQUEST_SUCCESS,
+    STRETCH_QUERIES,
     TIME_TO_FIRST_TOKEN_COUNT,
     TIME_TO_FIRST_TOKEN_SUM,
     PrometheusReader,
@@ -59,6 +60,12 @@ ANSWERS: dict[str, str | list[tuple[dict[str, str], str]]] = {
         ({"stretch": "0"}, "0.031"),
         ({"stretch": "3"}, "NaN"),
         ({"stretch": "1"}, "0.045"),
+    ],
+    # Each stretch's decode time over its own tokens decoded.
+    "stretch_time_per_output_token": [
+        ({"stretch": "1"}, "0.018"),
+        ({"stretch": "0"}, "0.0124"),
+        ({"stretch": "2"}, "0.012"),
     ],
 }
 QUERIES = {query: name for name, query in measurement_queries(PODS, "5m", "1m").items()}
@@ -199,10 +206,22 @@ def stretch(ago: int, length: str) -> str:
 def test_the_step_time_is_read_per_stretch_of_the_window(
     window: str, interval: str, stretches: list[tuple[int, str]]
 ) -> None:
-    query = measurement_queries(PODS, window, interval)["stretch_step_seconds"]
-    assert query == " or ".join(stretch(ago, length) for ago, length in stretches)
+    queries = measurement_queries(PODS, window, interval)
+    assert queries["stretch_step_seconds"] == " or ".join(
+        stretch(ago, length) for ago, length in stretches
+    )
+    # The time per output token of the same stretches: each its decode time over the tokens
+    # it decoded (generation tokens less first tokens), none where it decoded nothing.
+    assert queries["stretch_time_per_output_token"] == " or ".join(
+        f"label_replace("
+        f"{window_increase(INTER_TOKEN_LATENCY_SUM, SELECTOR, length, ago=ago)} / "
+        f"(({window_increase(GENERATION_TOKENS, SELECTOR, length, ago=ago)} - "
+        f"{window_increase(TIME_TO_FIRST_TOKEN_COUNT, SELECTOR, length, ago=ago)}) > 0), "
+        f'"stretch", "{ago // int(length[:-1])}", "", "")'
+        for ago, length in stretches
+    )
     # Without the interval, no stretches are asked for.
-    assert "stretch_step_seconds" not in measurement_queries(PODS, window)
+    assert not set(STRETCH_QUERIES) & set(measurement_queries(PODS, window))
 
 
 def test_the_sum_is_grouped_by_the_labels_asked_for() -> None:
@@ -314,6 +333,8 @@ def test_reads_every_figure_and_nan_is_no_figure(prometheus: str) -> None:
     assert measured.step_seconds == pytest.approx(0.031)
     assert measured.mean_step_seconds == pytest.approx(0.031)
     assert measured.tokens_per_step == pytest.approx(2.5)  # (1040 - 40) / 400
+    # The median of the stretches' own, each over its own tokens per step.
+    assert measured.stretch_time_per_output_token == pytest.approx((0.0124, 0.018, 0.012))
     assert measured.time_per_output_token == pytest.approx(0.0124)
     assert measured.time_to_first_token is None
     assert measured.batch_size == pytest.approx(1.0)  # (400 + 40) / 440
@@ -333,10 +354,14 @@ def test_a_refused_stretches_query_leaves_the_window_s_mean_to_judge(
         assert measured.stretch_step_seconds == ()
         assert measured.acceptance_rate == pytest.approx(0.75)
         assert measured.step_seconds == pytest.approx(0.031)
+        assert measured.stretch_time_per_output_token == ()
+        assert measured.time_per_output_token == pytest.approx(0.0124)  # 12.4 s / 1000 tokens
     warned = [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1, warned  # once per cause
     assert "414" in warned[0].getMessage()
-    assert "the window's mean step time is judged" in warned[0].getMessage()
+    assert "the window's own step time and time per output token are judged" in (
+        warned[0].getMessage()
+    )
 
 
 def test_no_traffic_gives_no_rate(prometheus: str) -> None:

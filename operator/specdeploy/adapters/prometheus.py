@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,20 +167,44 @@ def _mean_step_seconds(selector: str, window: str, ago: int = 0) -> str:
     )
 
 
-def stretch_step_seconds(selector: str, window: str, stretch: str) -> str:
-    """The mean decode step time of each stretch of `window`: the window cut, from now back,
-    into stretches of `stretch` (the analysis interval), at most MAX_STRETCHES (longer ones
-    when it would hold more), each the inter-token latency's sum over its count in that
-    stretch. One query: a vector of one sample per stretch that held steps, labelled `stretch`
-    ("0" the newest)."""
+def _time_per_output_token(selector: str, window: str, ago: int = 0) -> str:
+    """The decode time per decoded token over the `window` that ended `ago` seconds ago: the
+    inter-token latency's sum (every sequence's decode time) over the tokens decoded after each
+    request's first (generation tokens less first tokens); no sample where none was decoded."""
+    decoded = (
+        f"({window_increase(GENERATION_TOKENS, selector, window, ago=ago)} - "
+        f"{window_increase(TIME_TO_FIRST_TOKEN_COUNT, selector, window, ago=ago)}) > 0"
+    )
+    return f"{window_increase(INTER_TOKEN_LATENCY_SUM, selector, window, ago=ago)} / ({decoded})"
+
+
+def _per_stretch(
+    figure: Callable[[str, str, int], str], selector: str, window: str, stretch: str
+) -> str:
+    """`figure` over each stretch of `window`: the window cut, from now back, into stretches of
+    `stretch` (the analysis interval), at most MAX_STRETCHES (longer ones when it would hold
+    more). One query: a vector of one sample per stretch that held the figure, labelled
+    `stretch` ("0" the newest)."""
     whole = round(duration_seconds(window))
     count = max(1, min(MAX_STRETCHES, whole // max(1, round(duration_seconds(stretch)))))
     each = whole // count
     return " or ".join(
-        f"label_replace({_mean_step_seconds(selector, f'{each}s', ago=n * each)}, "
-        f'"stretch", "{n}", "", "")'
+        f'label_replace({figure(selector, f"{each}s", n * each)}, "stretch", "{n}", "", "")'
         for n in range(count)
     )
+
+
+def stretch_step_seconds(selector: str, window: str, stretch: str) -> str:
+    """The mean decode step time of each stretch of `window` (`_per_stretch`): each the
+    inter-token latency's sum over its count in that stretch."""
+    return _per_stretch(_mean_step_seconds, selector, window, stretch)
+
+
+def stretch_time_per_output_token(selector: str, window: str, stretch: str) -> str:
+    """The time per output token of each stretch of `window` (`_per_stretch`): each the
+    stretch's inter-token latency sum over the tokens it decoded, so a stretch's step time is
+    divided by its own tokens per step, never by another stretch's."""
+    return _per_stretch(_time_per_output_token, selector, window, stretch)
 
 
 def measurement_queries(
@@ -197,7 +221,12 @@ def measurement_queries(
         return window_increase(metric, matchers, window)
 
     stretches = (
-        {"stretch_step_seconds": stretch_step_seconds(selector, window, stretch)}
+        {
+            "stretch_step_seconds": stretch_step_seconds(selector, window, stretch),
+            "stretch_time_per_output_token": stretch_time_per_output_token(
+                selector, window, stretch
+            ),
+        }
         if stretch is not None
         else {}
     )
@@ -289,6 +318,10 @@ def accepted_by_position(result: list[dict[str, Any]]) -> tuple[float, ...]:
     return tuple(found.get(i, 0.0) for i in range(max(found) + 1))
 
 
+#: The queries of one figure per stretch of the window (measurement_queries with a stretch).
+STRETCH_QUERIES = ("stretch_step_seconds", "stretch_time_per_output_token")
+
+
 def by_stretch(result: list[dict[str, Any]]) -> tuple[float, ...]:
     """The stretches' step times of a `stretch_step_seconds` answer, newest first; a stretch
     without steps (NaN) is left out."""
@@ -352,24 +385,13 @@ class PrometheusReader:
         Prometheus may refuse), the figures come without stretches, so the window's mean step
         time is judged, and the cause is logged."""
         queries = measurement_queries(pods, window, stretch)
-        split = queries.pop("stretch_step_seconds", None)
+        split = {name: queries.pop(name) for name in STRETCH_QUERIES if name in queries}
         try:
             accepted = accepted_by_position(self._vector(queries.pop("accepted_per_position"), at))
             found = {name: self._instant(query, at) for name, query in queries.items()}
         except PrometheusUnavailableError as error:
             return Measurement(error=str(error))
-        stretches: tuple[float, ...] = ()
-        if split is not None:
-            try:
-                stretches = by_stretch(self._vector(split, at))
-            except PrometheusUnavailableError as error:
-                said = str(error) not in self._stretches_failed
-                self._stretches_failed.add(str(error))
-                (log.warning if said else log.debug)(
-                    "the step time per stretch of the window was not read (%s): the "
-                    "window's mean step time is judged",
-                    error,
-                )
+        stretches = {name: self._stretches(query, at) for name, query in split.items()}
         return Measurement(
             acceptance_rate=found["acceptance_rate"],
             mean_acceptance_length=found["mean_acceptance_length"],
@@ -377,7 +399,8 @@ class PrometheusReader:
             acceptance_per_position=acceptance_by_position(accepted, found["drafts"]),
             step_seconds_sum=found["step_seconds_sum"],
             steps=found["steps"],
-            stretch_step_seconds=stretches,
+            stretch_step_seconds=stretches.get("stretch_step_seconds", ()),
+            stretch_time_per_output_token=stretches.get("stretch_time_per_output_token", ()),
             output_tokens=found["output_tokens"],
             first_token_seconds_sum=found["first_token_seconds_sum"],
             first_tokens=found["first_tokens"],
@@ -390,6 +413,22 @@ class PrometheusReader:
             server_errors=found["server_errors"]
             or (0.0 if found["responses"] is not None else None),
         )
+
+    def _stretches(self, query: str, at: float | None) -> tuple[float, ...]:
+        """One figure per stretch of the window, newest first; none when Prometheus refused
+        the query (its URL is several KiB long: a proxy may refuse it), logged once per cause:
+        the window's own figure is then judged."""
+        try:
+            return by_stretch(self._vector(query, at))
+        except PrometheusUnavailableError as error:
+            said = str(error) not in self._stretches_failed
+            self._stretches_failed.add(str(error))
+            (log.warning if said else log.debug)(
+                "the figures per stretch of the window were not read (%s): the window's own "
+                "step time and time per output token are judged",
+                error,
+            )
+            return ()
 
     def measure_probe(self, pods: RevisionPods) -> ProbeResult | None:
         """What the revision's pods measured on the probe (None: no pod reports one yet); a

@@ -1097,7 +1097,11 @@ class Verdict(ApiModel):
     )
     time_per_output_token_seconds: float | None = Field(
         default=None,
-        description="Step time over the tokens a step emits: the latency a user feels.",
+        description=(
+            "Decode time per decoded token, the latency a user feels: the median of the "
+            "window's stretches' own (each its inter-token latency sum over the tokens it "
+            "decoded); the window's with fewer than three stretches."
+        ),
     )
     stable_time_per_output_token_seconds: float | None = Field(
         default=None, description="The stable's, over the same window."

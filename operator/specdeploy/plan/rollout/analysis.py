@@ -212,6 +212,9 @@ class Measurement:
     #: one analysis interval each, at most MAX_STRETCHES, newest first), where the stretch held
     #: steps: each stretch's inter-token latency sum over its count.
     stretch_step_seconds: tuple[float, ...] = ()
+    #: The time per output token of each stretch, where it decoded tokens: each stretch's
+    #: inter-token latency sum over the tokens it decoded (its own tokens per step).
+    stretch_time_per_output_token: tuple[float, ...] = ()
     #: Set when a query failed (Prometheus unreachable, a bad answer).
     error: str | None = None
 
@@ -251,10 +254,15 @@ class Measurement:
 
     @property
     def time_per_output_token(self) -> float | None:
-        """Decode time per decoded token, the latency a user feels per token: the step time as
-        judged over the window's tokens per step (over the whole window's mean step time, the
-        decode time over the tokens decoded)."""
-        return _ratio(self.step_seconds, self.tokens_per_step)
+        """Decode time per decoded token, the latency a user feels per token: the median of
+        the stretches' own (each its decode time over its tokens decoded) when the window held
+        at least MIN_STRETCHES of them, as the step time is judged; else the whole window's
+        decode time over its tokens decoded. Never one stretch's step time over the whole
+        window's tokens per step: where the tokens per step move over the window (a schedule
+        of k, a changing mix) that mixes two regimes."""
+        if len(self.stretch_time_per_output_token) >= MIN_STRETCHES:
+            return statistics.median(self.stretch_time_per_output_token)
+        return _ratio(self.mean_step_seconds, self.tokens_per_step)
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -536,9 +544,15 @@ def _judge_latency(
     figures: list[str] = []
     missing: list[str] = []
     on = " on the probe's tokens per step" if probe else ""
-    stretches = min(len(canary.stretch_step_seconds), len(stable.stretch_step_seconds))
+    stretches = (
+        min(len(canary.stretch_step_seconds), len(stable.stretch_step_seconds))
+        if probe
+        else min(
+            len(canary.stretch_time_per_output_token), len(stable.stretch_time_per_output_token)
+        )
+    )
     if stretches >= MIN_STRETCHES:
-        on += f", the median step of {stretches} stretches"
+        on += f", the median {'step' if probe else 'of'} {stretches} stretches"
     per_token = _ratio(mine, theirs)
     if mine is None or theirs is None or per_token is None:
         missing.append("time per output token not measured on both revisions")
