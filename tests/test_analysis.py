@@ -541,6 +541,9 @@ def test_each_stretch_s_step_is_divided_by_its_own_tokens_per_step() -> None:
     assert "22.0 ms per token vs the stable's 20.0 ms (1.10x, the median of 5 stretches)" in (
         verdict.message
     )
+    # With the probe's tokens per step, the median step is divided by them, and said so.
+    verdict = judge_interval(canary, stable, False, CRITERIA, probe=ProbeTokens(2.0, 1.0))
+    assert "on the probe's tokens per step, the median step of 5 stretches" in verdict.message
     slower = replace(canary, stretch_time_per_output_token=(0.024, 0.024, 0.024, 0.011, 0.011))
     verdict = judge_interval(slower, stable, False, CRITERIA)
     assert verdict.result == Result.FAIL, verdict.message

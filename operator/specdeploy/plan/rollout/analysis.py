@@ -552,7 +552,7 @@ def _judge_latency(
         )
     )
     if stretches >= MIN_STRETCHES:
-        on += f", the median {'step' if probe else 'of'} {stretches} stretches"
+        on += f", the median{' step' if probe else ''} of {stretches} stretches"
     per_token = _ratio(mine, theirs)
     if mine is None or theirs is None or per_token is None:
         missing.append("time per output token not measured on both revisions")
