@@ -2,7 +2,8 @@
 
 A new pair is a canary when `spec.rollout.canary` or `.analysis` is set: it runs beside the
 stable revision with `rollout.canary.replicas` pods until its verdicts promote or roll it back.
-A revision an analysis rolled back is never tried again until the spec names another pair, and
+A revision an analysis rolled back is not tried again until the spec names another pair (or,
+when no failed verdict rolled it back, a person retries it: plan.rollout.retry), and
 the collapse guard's RollbackToPrevious serves the revision that served before the collapsed
 pair. `judge_revisions` puts these together for one reconcile.
 """
@@ -63,7 +64,8 @@ def watches_acceptance(spec: SpeculativeDeploymentSpec) -> bool:
 
 
 def rolled_back(status: SpeculativeDeploymentStatus | None) -> frozenset[str]:
-    """Revisions an analysis rolled back: never tried again until the spec names another pair."""
+    """Revisions an analysis rolled back: not tried again until the spec names another pair or
+    a person's retry is read into the status (plan.rollout.retry)."""
     if status is None:
         return frozenset()
     # Failed with verdicts: the rollout stopped it (its analysis, a deadline, a person); the
