@@ -30,7 +30,7 @@ from typing import Any
 from specdeploy.api import labels
 from specdeploy.api.models import SpeculativeDeployment, SpeculativeDeploymentStatus
 from specdeploy.plan.rollout.collapse import RESUME_ANNOTATION
-from specdeploy.plan.rollout.retry import retried_revision, retry_refusal
+from specdeploy.plan.rollout.retry import retry_refusal
 
 
 class NotApplicableError(Exception):
@@ -205,11 +205,8 @@ def retry(sd: SpeculativeDeployment) -> Request:
     refusal = retry_refusal(record)
     if refusal is not None:
         raise NotApplicableError(f"nothing to retry: {refusal}")
-    if record.retried is not None and retried_revision(record.retried) == record.revision:
-        # Retried before: a later retry of the same revision needs a new value.
-        value = _asked_again(record.retried)
-    else:
-        value = record.revision
+    # Retried before (the value honoured is of this revision): a later retry needs a new value.
+    value = record.revision if record.retried is None else _asked_again(record.retried)
     stale = tuple(
         key
         for key in (labels.ABORT, labels.PAUSE)
