@@ -278,6 +278,11 @@ class FakeKube:
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
         return copy.deepcopy(self.objects.get((kind, namespace, name)))
 
+    def live_object(
+        self, api_version: str, kind: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        return copy.deepcopy(self.objects.get((kind, namespace, name)))
+
     # --- writes ---------------------------------------------------------------------------------
 
     def _store(self, key: Key, obj: dict[str, Any], old: dict[str, Any] | None) -> None:

@@ -137,6 +137,14 @@ def test_a_child_the_api_server_refuses_is_a_condition_and_is_not_retried(
     operator = OperatorProcess(cluster.kubeconfig, operator_config(cluster), tmp_path, (namespace,))
     operator.start()
     try:
+        # A Service of the SD's name that someone else made: never taken over.
+        victim = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "chat", "namespace": namespace},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        }
+        kubectl.apply([victim])
         body = llama_8b("chat", namespace)
         body["spec"]["pair"]["version"] = REFUSED_VERSION
         kubectl.apply([body])  # the CR itself is valid: the API server stores it
@@ -153,17 +161,25 @@ def test_a_child_the_api_server_refuses_is_a_condition_and_is_not_retried(
         assert "(422)" in ready["message"]
         assert POLICY_MESSAGE in ready["message"]
         assert sd["status"]["phase"] == "Failed"
+        refused = {(r["kind"], r["reason"]) for r in sd["status"]["refusedWrites"]}
+        assert refused == {("Deployment", "ChildRejected"), ("Service", "NameTaken")}, refused
+        assert "Service chat is not this SD's" in ready["message"]
         events = kubectl.get_json("events", "-n", namespace)["items"]
-        assert any(e.get("reason") == "ChildRejected" for e in events), events
+        assert {"ChildRejected", "NameTaken"} <= {e.get("reason") for e in events}, events
+        # The rest went on (sized, its record made); the Service is as its owner made it.
+        assert condition(sd, "Sized").get("status") == "True", sd["status"]
+        service = kubectl.get_json("service", "chat", "-n", namespace)
+        assert service["spec"]["selector"] == {"app": "web"}
+        assert not service["metadata"].get("ownerReferences"), service["metadata"]
 
         # Several reconciles of this generation later (seen in the log: each timer round finds
-        # the refusal and sends nothing): no write at all.
+        # the refusals and sends nothing): no write at all.
         offset = len(operator.log_text())
-        skipped = f"{namespace}/chat: generation {sd['metadata']['generation']} refused"
+        skipped = f"reconciled {namespace}/chat ("
         eventually(
             lambda: operator.log_text()[offset:].count(skipped) >= 5,
             120,
-            f"five reconciles that found the refusal ({skipped!r} in the operator log)",
+            f"five reconciles that found the refusals ({skipped!r} in the operator log)",
         )
         writes = operator.writes_since(offset)
         assert writes == [], writes
@@ -181,6 +197,24 @@ def test_a_child_the_api_server_refuses_is_a_condition_and_is_not_retried(
             return bool(found["items"]) and ready.get("reason") != "ChildRejected"
 
         eventually(deployed, 90, "the next generation's Deployment written")
+        assert kubectl.get_json("service", "chat", "-n", namespace)["spec"]["selector"] == {
+            "app": "web"
+        }
+
+        # Its owner deletes the Service: the SD makes its own.
+        kubectl.run("delete", "service", "chat", "-n", namespace)
+
+        def own_service() -> bool:
+            found = kubectl.run(
+                "get", "service", "chat", "-n", namespace, "-o", "json", check=False
+            )
+            if found.returncode != 0:
+                return False
+            selector = json.loads(found.stdout)["spec"].get("selector")
+            sd = kubectl.get_json("sd", "chat", "-n", namespace)
+            return selector == {NAME_LABEL: "chat"} and not sd["status"].get("refusedWrites")
+
+        eventually(own_service, 120, "the SD's own Service once the other one is gone")
     finally:
         kubectl.run(
             "delete", "sd", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=70

@@ -61,12 +61,21 @@ def test_a_refused_child_sets_ready_false_and_is_not_retried_for_the_same_genera
     assert "pair version 1 is not allowed here" in ready["message"]
     assert condition(kube, "Progressing")["reason"] == "ChildRejected"
     assert status(kube)["phase"] == "Failed"
+    # No Event says the revision was created: it was not.
     assert [reason for reason, _ in events] == ["ChildRejected"]
+    (refused,) = status(kube)["refusedWrites"]
+    assert (refused["kind"], refused["reason"], refused["code"], refused["generation"]) == (
+        "Deployment",
+        "ChildRejected",
+        422,
+        1,
+    )
+    assert "pair version 1 is not allowed here" in refused["message"]
 
     writes = kube.write_requests
     for _ in range(5):
         reconciler.reconcile("ns", "chat")
-    assert kube.write_requests == writes, "a refused generation was written again"
+    assert kube.write_requests == writes, "a refused child was written again, or its status"
     assert kube.refused == 1
     assert len(events) == 1
 

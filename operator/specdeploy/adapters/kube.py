@@ -458,6 +458,20 @@ class KubeAdapter:
             lambda: self._get(api_version, kind, name, namespace),
         )
 
+    def live_object(
+        self, api_version: str, kind: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        """The object of that name as the API server holds it, whoever made it: the watch-fed
+        store's copy when the store of its kind holds it (the operator's labelled children),
+        else one GET (an object without the labels is in no store). Read before a child is
+        written, to see whose it is (plan.children.ownership)."""
+        store = self.cache.for_write(api_version, kind) if self.cache is not None else None
+        held = store.get(namespace, name) if store is not None else None
+        if held is not None:
+            return held
+        found: dict[str, Any] | None = self._get(api_version, kind, name, namespace)
+        return found
+
     def list_objects(
         self, api_version: str, kind: str, namespace: str, selector: str
     ) -> list[dict[str, Any]]:

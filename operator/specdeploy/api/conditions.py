@@ -90,8 +90,10 @@ class Reason:
     TUNED_REVISION_REJECTED: Final = "TunedRevisionRejected"
     # Children changed out of band and set back
     DRIFT_REVERTED: Final = "DriftReverted"
-    # A child write the API server refused (400/422): stopped until the spec changes
+    # A child write the API server refused (400/422): not sent again for this generation
     CHILD_REJECTED: Final = "ChildRejected"
+    # A child's name is held by an object this SD does not own: left as it is
+    NAME_TAKEN: Final = "NameTaken"
     # Generic
     RECONCILE_ERROR: Final = "ReconcileError"
     INVALID_SPEC: Final = "InvalidSpec"

@@ -1466,6 +1466,30 @@ class RolloutProgress(ApiModel):
     )
 
 
+class RefusedChildWrite(ApiModel):
+    """A child the operator did not write: the API server refused it, or its name is taken."""
+
+    kind: str = Field(description="The child's kind (Deployment, Service, PodMonitor, ...).")
+    name: str = Field(description="The child's name.")
+    reason: str = Field(
+        description=(
+            "ChildRejected: the API server answered 400 or 422 (not sent again for this "
+            "generation); NameTaken: an object of that name exists that this SD does not own "
+            "(looked at again at every reconcile; nothing is changed on it)."
+        )
+    )
+    code: int | None = Field(default=None, description="The API server's HTTP status, if any.")
+    message: str = Field(description="Why, with the API server's message and its field path.")
+    generation: int | None = Field(
+        default=None, description="metadata.generation whose write was refused."
+    )
+    since: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When it was first refused.",
+    )
+
+
 class SpeculativeDeploymentStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -1514,6 +1538,14 @@ class SpeculativeDeploymentStatus(ApiModel):
     ready_replicas: int | None = Field(default=None, description="Ready pods.")
     selector: str | None = Field(
         default=None, description="Label selector of the pods (scale subresource)."
+    )
+    refused_writes: list[RefusedChildWrite] = Field(
+        default_factory=list,
+        max_length=32,
+        description=(
+            "Children not written, each with why; the rest of the reconcile goes on "
+            "(the stable serves, a canary is judged, deadlines run)."
+        ),
     )
 
 

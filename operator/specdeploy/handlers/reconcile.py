@@ -13,6 +13,7 @@ fields and the status exact sends nothing.
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -37,6 +38,7 @@ from specdeploy.plan.children.manifests import (
     RECORD_API_VERSION,
     RECORD_KIND,
 )
+from specdeploy.plan.children.ownership import foreign_holder
 from specdeploy.plan.decide import Decision, Snapshot, decide, settle, watches_acceptance
 from specdeploy.plan.placement.gpu_catalog import catalog_for_config
 from specdeploy.plan.placement.kueue import (
@@ -54,7 +56,12 @@ from specdeploy.plan.rollout.autotune import AutotuneMeasurement, measurement_du
 from specdeploy.plan.rollout.probe import ProbeResult
 from specdeploy.plan.rollout.revisions import read_revision_deployment, ready_pods_by_revision
 from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
-from specdeploy.plan.status.refusal import RefusedWrite, refusal_status, refused_generation
+from specdeploy.plan.status.refusal import (
+    RefusedWrite,
+    merge_refusals,
+    name_taken,
+    recorded_refusals,
+)
 
 log = logging.getLogger("specdeploy.reconcile")
 
@@ -115,23 +122,22 @@ class Reconciler:
         body = self.kube.get_speculative_deployment(namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
-        status = _status_of(body)
-        generation = (body.get("metadata") or {}).get("generation")
-        if refused_generation(status, generation) is not None:
-            # A child write of this generation was refused for good: nothing is sent until
-            # the spec changes (plan.status.refusal).
-            log.debug("%s/%s: generation %s refused; not retried", namespace, name, generation)
-            return None
         writes = self.kube.write_requests
         with self.metrics.reconcile_seconds.time():
             try:
                 snapshot, now = self.observe(body), self.clock()
                 decision = decide(snapshot, self.config, self.catalog, now)
-                self.apply_children(body, decision)
+                refused = self.apply_children(body, decision)
                 if decision.writes_children:
-                    after = replace(snapshot, **self._children(snapshot.body))
-                    decision = settle(decision, decide(after, self.config, self.catalog, now))
+                    after = replace(
+                        snapshot,
+                        **self._children(snapshot.body),
+                        refused_writes=merge_refusals(snapshot.refused_writes, refused),
+                    )
+                    after_decision = decide(after, self.config, self.catalog, now)
+                    decision = settle(decision, after_decision, report=bool(refused))
                 self.apply_status(body, decision)
+                self.report_refusals(body, refused)
                 if decision.status_due is not None:
                     log.debug(
                         "%s/%s: first status left for its pods' readiness (due %s)",
@@ -139,10 +145,6 @@ class Reconciler:
                         name,
                         decision.status_due.strftime(RFC3339),
                     )
-            except WriteRefusedError as error:
-                self.metrics.reconciles.labels("error").inc()
-                self.record_refusal(body, status, generation, error)
-                return None
             except Exception:
                 self.metrics.reconciles.labels("error").inc()
                 raise
@@ -175,24 +177,15 @@ class Reconciler:
         self.kueue = found
         return found
 
-    def record_refusal(
-        self,
-        body: Mapping[str, Any],
-        status: SpeculativeDeploymentStatus | None,
-        generation: int | None,
-        error: WriteRefusedError,
-    ) -> None:
-        """Writes the refusal into status (Ready False, ChildRejected) and posts a Warning."""
+    def report_refusals(self, body: Mapping[str, Any], refused: list[RefusedWrite]) -> None:
+        """A log line and a Warning Event for each child this reconcile did not write (the
+        status, written just before, lists them: plan.status.refusal)."""
         metadata = body.get("metadata") or {}
-        refused = RefusedWrite(error.code, error.kind, error.name, error.message)
-        now = self.clock().strftime(RFC3339)
-        log.warning("%s/%s: %s", metadata.get("namespace"), metadata.get("name"), refused.summary)
-        self.kube.patch_status(
-            metadata.get("namespace", ""),
-            metadata.get("name", ""),
-            refusal_status(status, generation, refused, now),
-        )
-        self.post_event(body, "Warning", Reason.CHILD_REJECTED, refused.summary)
+        for refusal in refused:
+            log.warning(
+                "%s/%s: %s", metadata.get("namespace"), metadata.get("name"), refusal.summary
+            )
+            self.post_event(body, "Warning", refusal.reason, refusal.summary)
 
     def observe(self, body: Mapping[str, Any]) -> Snapshot:
         """One read of everything the decision depends on."""
@@ -217,7 +210,28 @@ class Reconciler:
             probes=self._probes(sd, [*deployments, *sets]),
             autotune=self._autotune_measurement(sd),
             autotune_trial=self._autotune_measurement(sd, trial=True),
+            refused_writes=self._refusals_in_force(sd),
         )
+
+    def _refusals_in_force(self, sd: SpeculativeDeployment) -> tuple[RefusedWrite, ...]:
+        """The refusals status records that still hold (plan.status.refusal): the API server's
+        for this generation, and names still held by an object this SD does not own (each
+        looked at again, one read)."""
+        namespace, name = sd.metadata.namespace or "", sd.metadata.name
+        kept = []
+        for refusal in recorded_refusals(sd.status, sd.metadata.generation):
+            if refusal.reason == Reason.NAME_TAKEN:
+                api_version = CHILD_API_VERSIONS.get(refusal.kind)
+                if api_version is None:
+                    continue
+                live = self.kube.live_object(api_version, refusal.kind, namespace, refusal.name)
+                holder = foreign_holder(live, name, sd.metadata.uid)
+                if holder is None:
+                    continue
+                kept.append(name_taken(refusal.kind, refusal.name, holder))
+            else:
+                kept.append(refusal)
+        return tuple(kept)
 
     def _children(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The SD's children and pods, as the Snapshot fields of those names."""
@@ -246,10 +260,15 @@ class Reconciler:
                 )
                 if _owned_by(r, uid)
             ],
-            "service": self.kube.get("v1", "Service", namespace, name),
+            # Another's object of the SD's name is no child (it is refused as NameTaken).
+            "service": _own(self.kube.get("v1", "Service", namespace, name), name, uid),
             "pod_monitor_served": pod_monitor_served,
             "pod_monitor": (
-                self.kube.get(POD_MONITOR_API_VERSION, "PodMonitor", namespace, name)
+                _own(
+                    self.kube.get(POD_MONITOR_API_VERSION, "PodMonitor", namespace, name),
+                    name,
+                    uid,
+                )
                 if pod_monitor_served
                 else None
             ),
@@ -392,20 +411,44 @@ class Reconciler:
         data = (secret or {}).get("data") or {}
         return base64.b64decode(data[ref.key]).decode() if ref.key in data else None
 
-    def apply_children(self, body: Mapping[str, Any], decision: Decision) -> None:
-        """Sends every write of the decision but the status."""
-        namespace = (body.get("metadata") or {}).get("namespace", "")
+    def apply_children(self, body: Mapping[str, Any], decision: Decision) -> list[RefusedWrite]:
+        """Sends every write of the decision but the status; returns the children it did not
+        write: those the API server refused (400/422) and those whose name an object this SD
+        does not own holds (looked at before each apply, nothing is sent to it). Every other
+        write is sent all the same."""
+        metadata = body.get("metadata") or {}
+        namespace, name, uid = (
+            metadata.get("namespace", ""),
+            metadata.get("name", ""),
+            metadata.get("uid"),
+        )
+        refused: list[RefusedWrite] = []
+
+        def send(write: Callable[[], object]) -> None:
+            try:
+                write()
+            except WriteRefusedError as error:
+                refused.append(RefusedWrite(error.code, error.kind, error.name, error.message))
+
         for record_name in decision.replace_records:
             self.kube.delete(RECORD_API_VERSION, RECORD_KIND, namespace, record_name)
         # The Deployments before their records: a new revision's pods start one request
         # sooner, and a record missing after a crash between the two is made by the next
         # reconcile (plan.children.writes plans it whenever the desired revision has none).
         for manifest in decision.applies:
-            self.kube.apply(manifest)
+            kind, child = manifest["kind"], manifest["metadata"]["name"]
+            live = self.kube.live_object(manifest["apiVersion"], kind, namespace, child)
+            holder = foreign_holder(live, name, uid)
+            if holder is not None:
+                refused.append(name_taken(kind, child, holder))
+                continue
+            send(functools.partial(self.kube.apply, manifest))
         for record in decision.create_records:
-            self.kube.create(record)
+            send(functools.partial(self.kube.create, record))
         for deployment_name, replicas in decision.scales:
-            self.kube.scale_deployment(namespace, deployment_name, replicas)
+            send(
+                functools.partial(self.kube.scale_deployment, namespace, deployment_name, replicas)
+            )
         for deployment_name in decision.deletes:
             self.kube.delete("apps/v1", "Deployment", namespace, deployment_name)
             self.kube.delete(RECORD_API_VERSION, RECORD_KIND, namespace, deployment_name)
@@ -420,6 +463,7 @@ class Reconciler:
                 "ProbeJudged",
                 "the operator judged this revision's probe; the pod may take requests",
             )
+        return refused
 
     def apply_status(self, body: Mapping[str, Any], decision: Decision) -> None:
         """Writes the decision's status, then hands its Events to the poster."""
@@ -438,6 +482,21 @@ class Reconciler:
 def _status_of(body: Mapping[str, Any]) -> SpeculativeDeploymentStatus | None:
     raw = body.get("status")
     return SpeculativeDeploymentStatus.model_validate(raw) if isinstance(raw, Mapping) else None
+
+
+def _own(obj: Mapping[str, Any] | None, name: str, uid: str | None) -> Mapping[str, Any] | None:
+    """`obj` when it is the SD's own child (plan.children.ownership), else None."""
+    return obj if obj is not None and foreign_holder(obj, name, uid) is None else None
+
+
+#: The apiVersion of each kind of child, to read one whose name was found taken.
+CHILD_API_VERSIONS = {
+    "Deployment": "apps/v1",
+    "Service": "v1",
+    "PodMonitor": POD_MONITOR_API_VERSION,
+    LWS_KIND: LWS_API_VERSION,
+    RECORD_KIND: RECORD_API_VERSION,
+}
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
+from specdeploy.api.conditions import Reason
 from specdeploy.api.config import OperatorConfig
 from specdeploy.plan.decide.snapshot import Decision, Snapshot
 from specdeploy.plan.decide.stages import (
@@ -13,6 +14,7 @@ from specdeploy.plan.decide.stages import (
     choose_child_writes,
     choose_served_pair,
     collect_events,
+    held_revision,
     judge_the_canary,
     plan_revisions,
     read_world,
@@ -26,20 +28,23 @@ from specdeploy.plan.status.first_status import first_status_due
 from specdeploy.plan.status.report import status_patch
 
 
-def settle(first: Decision, after: Decision) -> Decision:
+def settle(first: Decision, after: Decision, *, report: bool = False) -> Decision:
     """`first` with the status and condition Events of `after`, the decision taken on the same
     snapshot once `first`'s child writes are in it (as the API server answered them): a
     reconcile that writes children reports the world its writes made, so the reconcile their
     watch events start has no status to write just to name a revision this one created.
 
     `first` as it was when the world is not settled: `after` would write children too, or
-    would post an Event (other than of a condition) that `first` does not."""
-    if after.writes_children:
-        return first
+    would post an Event (other than of a condition) that `first` does not; unless `report`
+    (children of `first` were not written: `after` knows, and its status must say so, or the
+    next reconcile would send them again)."""
     others = first.events[: len(first.events) - len(first.status_events)]
     news = after.events[: len(after.events) - len(after.status_events)]
-    if not set(news) <= set(others):
+    if not report and (after.writes_children or not set(news) <= set(others)):
         return first
+    if after.held_revision is not None:
+        # Its Deployment was refused: no Event says the revision was created.
+        others = tuple(e for e in others if e.reason != Reason.NEW_REVISION)
     return replace(
         first,
         status_patch=after.status_patch,
@@ -64,12 +69,20 @@ def decide(
     canary = judge_the_canary(world, serving, pair, snapshot, now)
     plan = plan_revisions(world, serving, canary)
     children = choose_child_writes(snapshot, world, serving, plan, config)
+    held = held_revision(snapshot, serving)
     status = report_status(snapshot, world, serving, pair=pair, canary=canary, plan=plan, now=now)
     told = status_events(snapshot, status)
     events = collect_events(
-        serving, pair=pair, canary=canary, plan=plan, children=children, told=told
+        serving,
+        pair=pair,
+        canary=canary,
+        plan=plan,
+        children=children,
+        told=told,
+        held=held is not None,
     )
-    due = first_status_due(snapshot.body, status, events, now)
+    # A child not written is said at once (else the next reconcile would send it again).
+    due = None if snapshot.refused_writes else first_status_due(snapshot.body, status, events, now)
     if due is not None:
         # The status and the condition Events it tells wait for a later reconcile.
         events, told = events[: len(events) - len(told)], ()
@@ -92,4 +105,5 @@ def decide(
         wake_at=wake_at(world, serving, canary, now, also=(due,)),
         status_due=due,
         open_gates=canary.gates_to_open,
+        held_revision=held,
     )

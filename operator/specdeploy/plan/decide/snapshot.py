@@ -13,6 +13,7 @@ from specdeploy.plan.rollout.analysis import Measurement
 from specdeploy.plan.rollout.autotune import AutotuneMeasurement
 from specdeploy.plan.rollout.probe import ProbeResult
 from specdeploy.plan.rollout.revisions import RolloutEvent
+from specdeploy.plan.status.refusal import RefusedWrite
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class Snapshot:
     probes: Mapping[str, ProbeResult] = field(default_factory=dict)
     #: Kueue's API and webhooks as the operator found them at its start (None: not looked at).
     kueue: KueueWebhooks | None = None
+    #: Children not to be written, and why (plan.status.refusal): refused by the API server
+    #: for this generation, or their name held by an object this SD does not own.
+    refused_writes: Sequence[RefusedWrite] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,9 @@ class Decision:
     #: Pods whose probe readiness gate opens (their revision's probe was judged): the pod
     #: condition specdeploy.dev/probe-judged is set True on each.
     open_gates: tuple[str, ...] = ()
+    #: The desired revision when its Deployment or LeaderWorkerSet is not written
+    #: (Snapshot.refused_writes): no Event says it was created.
+    held_revision: str | None = None
 
     @property
     def writes_children(self) -> bool:

@@ -12,10 +12,11 @@ No stage patches another's result: each one's output is an input of the next.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from specdeploy.api.conditions import Reason
 from specdeploy.api.config import AnalysisSettings, OperatorConfig
 from specdeploy.api.models import (
     ModelShape,
@@ -25,7 +26,7 @@ from specdeploy.api.models import (
     SpeculativeDeployment,
 )
 from specdeploy.api.times import RFC3339
-from specdeploy.plan.children.manifests import pod_selector
+from specdeploy.plan.children.manifests import LWS_KIND, deployment_name, pod_selector
 from specdeploy.plan.children.revision import revision_hash
 from specdeploy.plan.children.writes import ChildWrites, LiveChildren, plan_child_writes
 from specdeploy.plan.decide.snapshot import Snapshot
@@ -61,6 +62,7 @@ from specdeploy.plan.rollout.wakeup import next_wake
 from specdeploy.plan.status.crash_loop import read_crash_loop
 from specdeploy.plan.status.pair_check import PairVerdict, judge_pair
 from specdeploy.plan.status.pod_failure import read_pod_failure
+from specdeploy.plan.status.refusal import blocked_keys
 from specdeploy.plan.status.report import ObservedRollout, build_status, condition_events
 
 
@@ -323,7 +325,8 @@ def choose_child_writes(
     plan: RolloutPlan,
     config: OperatorConfig,
 ) -> ChildWrites:
-    """Every child's manifest, and the writes of those that differ (plan.children.writes)."""
+    """Every child's manifest, and the writes of those that differ (plan.children.writes),
+    less those of children not to be written (snapshot.refused_writes)."""
     live = LiveChildren(
         deployments=snapshot.deployments,
         leader_worker_sets=snapshot.leader_worker_sets,
@@ -332,7 +335,7 @@ def choose_child_writes(
         pod_monitor_served=snapshot.pod_monitor_served,
         pod_monitor=snapshot.pod_monitor,
     )
-    return plan_child_writes(
+    writes = plan_child_writes(
         live,
         serving.pair.served,
         desired_revision=serving.desired_revision,
@@ -341,6 +344,30 @@ def choose_child_writes(
         config=config,
         revisions=world.revisions,
     )
+    blocked = blocked_keys(snapshot.refused_writes)
+    if not blocked:
+        return writes
+    return replace(
+        writes,
+        applies=tuple(m for m in writes.applies if _key(m) not in blocked),
+        create_records=tuple(r for r in writes.create_records if _key(r) not in blocked),
+        scales=tuple(s for s in writes.scales if ("Deployment", s[0]) not in blocked),
+    )
+
+
+def held_revision(snapshot: Snapshot, serving: Serving) -> str | None:
+    """The desired revision when its Deployment or LeaderWorkerSet is not to be written
+    (snapshot.refused_writes), else None."""
+    desired = serving.desired_revision
+    if desired is None:
+        return None
+    name = deployment_name(serving.pair.served.metadata.name, desired)
+    unwritten = blocked_keys(snapshot.refused_writes)
+    return desired if {("Deployment", name), (LWS_KIND, name)} & unwritten else None
+
+
+def _key(manifest: Mapping[str, Any]) -> tuple[str, str]:
+    return manifest["kind"], manifest["metadata"]["name"]
 
 
 def report_status(
@@ -401,6 +428,7 @@ def report_status(
         overdue=canary.overdue,
         undone=canary.undone,
         probes=canary.probes,
+        refused_writes=tuple(snapshot.refused_writes),
     )
     return build_status(world.sd, seen, now.strftime(RFC3339))
 
@@ -413,11 +441,13 @@ def collect_events(
     plan: RolloutPlan,
     children: ChildWrites,
     told: Sequence[RolloutEvent],
+    held: bool = False,
 ) -> tuple[RolloutEvent, ...]:
     """Every Event of this reconcile, in the order a person reads them in `kubectl describe`;
-    `told`, those of the status's condition changes (status_events), come last."""
+    `told`, those of the status's condition changes (status_events), come last. No revision
+    is said created while its child is not written (`held`: held_revision)."""
     return (
-        *plan.events,
+        *(e for e in plan.events if not (held and e.reason == Reason.NEW_REVISION)),
         *analysis_events(canary),
         *pair.events,
         *serving.guard.events,

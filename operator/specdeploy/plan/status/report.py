@@ -28,6 +28,7 @@ from specdeploy.api.models import (
     Verdict,
 )
 from specdeploy.api.times import parse_time
+from specdeploy.plan.children.manifests import deployment_name
 from specdeploy.plan.rollout.analysis import Measurement, Outcome
 from specdeploy.plan.rollout.collapse import GuardVerdict
 from specdeploy.plan.rollout.lifecycle import CanaryJudgement, EndReason, Stage
@@ -36,6 +37,7 @@ from specdeploy.plan.status.conditions import ConditionUpdate, set_conditions
 from specdeploy.plan.status.crash_loop import CrashLoop
 from specdeploy.plan.status.pair_check import PairVerdict
 from specdeploy.plan.status.pod_failure import PodFailure
+from specdeploy.plan.status.refusal import RefusedWrite, refusal_condition, refusals_status
 
 
 def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,6 +102,8 @@ class ObservedRollout:
     undone: str | None = None
     #: A pod of the desired revision that cannot start (image, config, memory, scheduling).
     pod_failure: PodFailure | None = None
+    #: Children not written (plan.status.refusal): Ready says so, the rest goes on.
+    refused_writes: Sequence[RefusedWrite] = ()
 
     @property
     def held_by_kueue(self) -> bool:
@@ -602,6 +606,21 @@ def _degraded_update(seen: ObservedRollout, stop: Stop | None) -> ConditionUpdat
     return ConditionUpdate(ConditionType.DEGRADED, "False", Reason.HEALTHY, "")
 
 
+def _refused_desired_child(sd: SpeculativeDeployment, seen: ObservedRollout) -> RefusedWrite | None:
+    """The refusal of the desired revision's Deployment or LeaderWorkerSet, if any."""
+    if seen.desired_revision is None:
+        return None
+    name = deployment_name(sd.metadata.name, seen.desired_revision)
+    return next(
+        (
+            r
+            for r in seen.refused_writes
+            if r.name == name and r.kind in ("Deployment", "LeaderWorkerSet")
+        ),
+        None,
+    )
+
+
 def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> dict[str, Any]:
     """The status fields this reconcile owns, as the API stores them (camelCase JSON).
 
@@ -618,6 +637,20 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
         )
     stop = _stopped(seen, current.revisions)
     ready = _ready_update(sd, seen, stop)
+    progressing = _progressing_update(seen, stop)
+    phase = _phase(ready, seen, stop)
+    refused = refusal_condition(seen.refused_writes)
+    if refused is not None:
+        ready = refused
+        phase = Phase.DEGRADED if phase == Phase.SERVING else phase
+        desired = _refused_desired_child(sd, seen)
+        if desired is not None:
+            # The new revision cannot start: it does not progress until its child is written.
+            progressing = ConditionUpdate(
+                ConditionType.PROGRESSING, "False", desired.reason, desired.summary
+            )
+            stable = seen.plan.stable_revision
+            phase = Phase.DEGRADED if stable and stable != seen.desired_revision else Phase.FAILED
     speculating = ConditionUpdate(
         ConditionType.SPECULATING,
         "True" if seen.speculation.state == "Enabled" else "False",
@@ -628,7 +661,7 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
         current.conditions,
         [
             ready,
-            _progressing_update(seen, stop),
+            progressing,
             _degraded_update(seen, stop),
             sized,
             seen.admission,
@@ -643,7 +676,7 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
     acceptance, length, measured_at = _serving_figures(seen, current, now)
     status = SpeculativeDeploymentStatus(
         observed_generation=generation,
-        phase=_phase(ready, seen, stop),
+        phase=phase,
         conditions=conditions,
         stable_revision=seen.plan.stable_revision,
         canary_revision=(seen.desired_revision if seen.plan.canary and stop is None else None),
@@ -666,6 +699,9 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
         replicas=pods,
         ready_replicas=ready_pods,
         selector=seen.selector,
+        refused_writes=refusals_status(
+            seen.refused_writes, current.refused_writes, generation, now
+        ),
     )
     dumped = status.model_dump(by_alias=True, exclude_none=False, mode="json")
     owned = (
@@ -687,8 +723,12 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
         "replicas",
         "readyReplicas",
         "selector",
+        "refusedWrites",
     )
-    return {key: _drop_none(dumped[key]) for key in owned}
+    built = {key: _drop_none(dumped[key]) for key in owned}
+    if not built["refusedWrites"] and not current.refused_writes:
+        del built["refusedWrites"]  # never refused: no key at all
+    return built
 
 
 def _drop_none(value: Any) -> Any:
