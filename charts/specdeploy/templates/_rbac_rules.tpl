@@ -11,11 +11,12 @@ Roles instead). */}}
 - apiGroups: [specdeploy.dev]
   resources: [speculativedeployments/status]
   verbs: [patch]
-# Revision Deployments: listed, watched (kopf), server-side applied (a patch, which needs
-# create too when it makes the object), deleted when pruned.
+# Revision Deployments: listed, watched (kopf), read by name before a new one is applied (is
+# the name another's?), server-side applied (a patch, which needs create too when it makes
+# the object), deleted when pruned.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # A revision made before revisions were recorded is resized through its scale subresource.
 - apiGroups: [apps]
   resources: [deployments/scale]
@@ -48,11 +49,11 @@ Roles instead). */}}
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
   verbs: [get, list, watch, create, patch]
-# Revisions whose replicas span nodes: one LeaderWorkerSet each, listed, watched (kopf),
-# server-side applied, deleted when pruned (when the LeaderWorkerSet CRD is there).
+# Revisions whose replicas span nodes: one LeaderWorkerSet each, listed, watched (kopf), read
+# by name before a new one is applied, server-side applied, deleted when pruned (when the LeaderWorkerSet CRD is there).
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # Kueue: the Workloads of gated pods (what quota is missing) and the SD's LocalQueue, read
 # from watch-fed copies (get until the copy is filled).
 - apiGroups: [kueue.x-k8s.io]
