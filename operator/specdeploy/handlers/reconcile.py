@@ -224,14 +224,35 @@ class Reconciler:
                 api_version = CHILD_API_VERSIONS.get(refusal.kind)
                 if api_version is None:
                     continue
-                live = self.kube.live_object(api_version, refusal.kind, namespace, refusal.name)
-                holder = foreign_holder(live, name, sd.metadata.uid)
+                holder = self._name_holder(
+                    api_version,
+                    refusal.kind,
+                    namespace,
+                    refusal.name,
+                    sd_name=name,
+                    uid=sd.metadata.uid,
+                )
                 if holder is None:
                     continue
                 kept.append(name_taken(refusal.kind, refusal.name, holder))
             else:
                 kept.append(refusal)
         return tuple(kept)
+
+    def _name_holder(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        child: str,
+        *,
+        sd_name: str,
+        uid: str | None,
+    ) -> str | None:
+        """Why the object named `child` is not the SD's to write (plan.children.ownership),
+        read as the API server holds it; None when it is the SD's, or absent."""
+        live = self.kube.live_object(api_version, kind, namespace, child)
+        return foreign_holder(live, sd_name, uid)
 
     def _children(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The SD's children and pods, as the Snapshot fields of those names."""
@@ -437,8 +458,9 @@ class Reconciler:
         # reconcile (plan.children.writes plans it whenever the desired revision has none).
         for manifest in decision.applies:
             kind, child = manifest["kind"], manifest["metadata"]["name"]
-            live = self.kube.live_object(manifest["apiVersion"], kind, namespace, child)
-            holder = foreign_holder(live, name, uid)
+            holder = self._name_holder(
+                manifest["apiVersion"], kind, namespace, child, sd_name=name, uid=uid
+            )
             if holder is not None:
                 refused.append(name_taken(kind, child, holder))
                 continue

@@ -26,7 +26,7 @@ from specdeploy.api.models import (
     SpeculativeDeployment,
 )
 from specdeploy.api.times import RFC3339
-from specdeploy.plan.children.manifests import LWS_KIND, deployment_name, pod_selector
+from specdeploy.plan.children.manifests import pod_selector
 from specdeploy.plan.children.revision import revision_hash
 from specdeploy.plan.children.writes import ChildWrites, LiveChildren, plan_child_writes
 from specdeploy.plan.decide.snapshot import Snapshot
@@ -62,7 +62,7 @@ from specdeploy.plan.rollout.wakeup import next_wake
 from specdeploy.plan.status.crash_loop import read_crash_loop
 from specdeploy.plan.status.pair_check import PairVerdict, judge_pair
 from specdeploy.plan.status.pod_failure import read_pod_failure
-from specdeploy.plan.status.refusal import blocked_keys
+from specdeploy.plan.status.refusal import blocked_keys, revision_refusal
 from specdeploy.plan.status.report import ObservedRollout, build_status, condition_events
 
 
@@ -359,11 +359,8 @@ def held_revision(snapshot: Snapshot, serving: Serving) -> str | None:
     """The desired revision when its Deployment or LeaderWorkerSet is not to be written
     (snapshot.refused_writes), else None."""
     desired = serving.desired_revision
-    if desired is None:
-        return None
-    name = deployment_name(serving.pair.served.metadata.name, desired)
-    unwritten = blocked_keys(snapshot.refused_writes)
-    return desired if {("Deployment", name), (LWS_KIND, name)} & unwritten else None
+    sd_name = serving.pair.served.metadata.name
+    return desired if revision_refusal(snapshot.refused_writes, sd_name, desired) else None
 
 
 def _key(manifest: Mapping[str, Any]) -> tuple[str, str]:

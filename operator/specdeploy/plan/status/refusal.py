@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from specdeploy.api.conditions import ConditionType, Reason
 from specdeploy.api.models import RefusedChildWrite, SpeculativeDeploymentStatus
+from specdeploy.plan.children.manifests import LWS_KIND, deployment_name
 from specdeploy.plan.status.conditions import ConditionUpdate
 
 #: Longest API server message kept (Events take 1 KiB).
@@ -121,3 +122,15 @@ def refusal_condition(refusals: Sequence[RefusedWrite]) -> ConditionUpdate | Non
 def blocked_keys(refusals: Iterable[RefusedWrite]) -> frozenset[tuple[str, str]]:
     """(kind, name) of every child not to be written."""
     return frozenset(r.key for r in refusals)
+
+
+def revision_refusal(
+    refusals: Iterable[RefusedWrite], sd_name: str, revision: str | None
+) -> RefusedWrite | None:
+    """The refusal of `revision`'s Deployment or LeaderWorkerSet, if any."""
+    if revision is None:
+        return None
+    name = deployment_name(sd_name, revision)
+    return next(
+        (r for r in refusals if r.name == name and r.kind in ("Deployment", LWS_KIND)), None
+    )

@@ -28,7 +28,6 @@ from specdeploy.api.models import (
     Verdict,
 )
 from specdeploy.api.times import parse_time
-from specdeploy.plan.children.manifests import deployment_name
 from specdeploy.plan.rollout.analysis import Measurement, Outcome
 from specdeploy.plan.rollout.collapse import GuardVerdict
 from specdeploy.plan.rollout.lifecycle import CanaryJudgement, EndReason, Stage
@@ -37,7 +36,12 @@ from specdeploy.plan.status.conditions import ConditionUpdate, set_conditions
 from specdeploy.plan.status.crash_loop import CrashLoop
 from specdeploy.plan.status.pair_check import PairVerdict
 from specdeploy.plan.status.pod_failure import PodFailure
-from specdeploy.plan.status.refusal import RefusedWrite, refusal_condition, refusals_status
+from specdeploy.plan.status.refusal import (
+    RefusedWrite,
+    refusal_condition,
+    refusals_status,
+    revision_refusal,
+)
 
 
 def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
@@ -606,21 +610,6 @@ def _degraded_update(seen: ObservedRollout, stop: Stop | None) -> ConditionUpdat
     return ConditionUpdate(ConditionType.DEGRADED, "False", Reason.HEALTHY, "")
 
 
-def _refused_desired_child(sd: SpeculativeDeployment, seen: ObservedRollout) -> RefusedWrite | None:
-    """The refusal of the desired revision's Deployment or LeaderWorkerSet, if any."""
-    if seen.desired_revision is None:
-        return None
-    name = deployment_name(sd.metadata.name, seen.desired_revision)
-    return next(
-        (
-            r
-            for r in seen.refused_writes
-            if r.name == name and r.kind in ("Deployment", "LeaderWorkerSet")
-        ),
-        None,
-    )
-
-
 def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> dict[str, Any]:
     """The status fields this reconcile owns, as the API stores them (camelCase JSON).
 
@@ -643,7 +632,7 @@ def build_status(sd: SpeculativeDeployment, seen: ObservedRollout, now: str) -> 
     if refused is not None:
         ready = refused
         phase = Phase.DEGRADED if phase == Phase.SERVING else phase
-        desired = _refused_desired_child(sd, seen)
+        desired = revision_refusal(seen.refused_writes, sd.metadata.name, seen.desired_revision)
         if desired is not None:
             # The new revision cannot start: it does not progress until its child is written.
             progressing = ConditionUpdate(
