@@ -327,8 +327,16 @@ def test_8b_with_eagle3_head_runs_on_a_mig_slice(
     [pod] = items(kubectl, "pods", namespace, "chat")
     assert pod["status"]["phase"] == "Running"
     assert pod["spec"]["nodeName"] == "kwok-h100-mig-0"
-    limits = engine_container(pod)["resources"]["limits"]
-    assert limits["nvidia.com/mig-3g.40gb"] == "1"
+    resources = engine_container(pod)["resources"]
+    assert resources["limits"]["nvidia.com/mig-3g.40gb"] == "1"
+    # The pod defaults (plan.children.pod_defaults), as Kueue admitted them and the API server
+    # classed them: 2 + 1 cores, memory for the processes and 15.7 GiB of weights, capped.
+    assert resources["requests"]["cpu"] == "3"
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == "32Gi"
+    assert pod["status"]["qosClass"] == "Burstable"
+    [shm] = [v for v in pod["spec"]["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
+    assert deployment["metadata"]["annotations"]["specdeploy.dev/hash-schema"] == "3"
     assert declared_pair(pod) == (revision, "eagle3-r1")
     # Monitoring without the Prometheus Operator (its PodMonitor kind is not served here):
     # scrape annotations on the pod (the PodMonitor case has a test of its own).

@@ -136,8 +136,9 @@ def test_pod_lands_where_sizing_and_placement_say(sd: SpeculativeDeployment) -> 
         "pool": "serving",
     }
     assert pod["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
-    # Tensor parallel 2: shared memory for the workers.
-    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["spec"]["volumes"]
+    # Tensor parallel 2: shared memory for the workers, 2 GiB a GPU.
+    dshm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}
+    assert dshm in pod["spec"]["volumes"]
     assert "specdeploy.dev/local-process" not in pod["metadata"]["annotations"]
 
 
@@ -166,23 +167,28 @@ def test_pvc_source_is_mounted_read_only() -> None:
 
 
 @pytest.mark.parametrize(
-    ("sizing", "role"),
+    ("sizing", "role", "size"),
     [
-        pytest.param(None, "leader", id="cpu-engine"),
+        pytest.param(None, "leader", "1Gi", id="cpu-engine"),
         pytest.param(
             SIZING.model_copy(update={"count": 1, "tensor_parallel_size": 1}),
             "leader",
+            "2Gi",
             id="one-gpu",
         ),
-        pytest.param(SIZING, "leader", id="tensor-parallel"),
-        pytest.param(SIZING, "worker", id="worker-of-a-group"),
+        pytest.param(SIZING, "leader", "4Gi", id="tensor-parallel"),
+        pytest.param(SIZING, "worker", "4Gi", id="worker-of-a-group"),
     ],
 )
 def test_every_engine_pod_has_shared_memory_beyond_the_runtimes_64_mib(
-    sd: SpeculativeDeployment, sizing: SizingDecision | None, role: Role
+    sd: SpeculativeDeployment, sizing: SizingDecision | None, role: Role, size: str
 ) -> None:
     pod = build_pod_template(sd, "abc", sizing, OperatorConfig(), role)
-    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["spec"]["volumes"]
+    # Bounded (its pages count against the memory limit); unbounded in a schema-2 revision.
+    dshm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+    assert dshm in pod["spec"]["volumes"]
+    old = build_pod_template(sd, "abc", sizing, OperatorConfig(), role, schema=2)
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in old["spec"]["volumes"]
     (container,) = pod["spec"]["containers"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
 

@@ -248,7 +248,8 @@ def test_a_revision_across_nodes_is_one_leaderworkerset_of_leader_and_workers() 
     assert lws["metadata"]["labels"]["specdeploy.dev/revision"] == "abc1234567"
     assert lws["metadata"]["ownerReferences"][0]["uid"] == "u-405"
     assert lws["metadata"]["annotations"] == {
-        "leaderworkerset.sigs.k8s.io/exclusive-topology": "nvidia.com/gpu.clique"
+        "leaderworkerset.sigs.k8s.io/exclusive-topology": "nvidia.com/gpu.clique",
+        "specdeploy.dev/hash-schema": "3",
     }
     group = lws["spec"]["leaderWorkerTemplate"]
     assert lws["spec"]["replicas"] == 1

@@ -86,8 +86,17 @@ def test_an_sd_becomes_a_ready_revision_with_service_and_monitor_and_then_goes_q
     [name] = kube.deployments()
     assert name.startswith("chat-")
     deployment = kube.objects[("Deployment", "ns", name)]
-    limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {"nvidia.com/mig-3g.40gb": "1"}
+    resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+    # The slice, and the pod defaults (plan.children.pod_defaults): 3 cores requested, memory
+    # requested and limited.
+    assert resources["limits"] == {"nvidia.com/mig-3g.40gb": "1", "memory": "32Gi"}
+    assert resources["requests"] == {
+        "cpu": "3",
+        "memory": "32Gi",
+        "ephemeral-storage": "19Gi",
+        "nvidia.com/mig-3g.40gb": "1",
+    }
+    assert deployment["metadata"]["annotations"]["specdeploy.dev/hash-schema"] == "3"
     assert deployment["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "interactive"
     assert ("Service", "ns", "chat") in kube.objects
     assert ("PodMonitor", "ns", "chat") in kube.objects

@@ -149,7 +149,7 @@ def test_nodes_file_decides_the_sizing(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 0, err
     assert f"# nodes: {nodes} (1 nodes)" in out
     limits = next(yaml.safe_load_all(out))["spec"]["template"]["spec"]["containers"][0]
-    assert limits["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert limits["resources"]["limits"] == {"nvidia.com/gpu": 1, "memory": "32Gi"}
 
 
 def test_namespace_flag_and_the_default_namespace() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SizingDecision, SpeculativeDeploymentSpec
-from specdeploy.plan.children.revision import revision_hash
+from specdeploy.plan.children.revision import HASH_SCHEMAS, revision_hash
 from specdeploy.plan.rollout.speculation import decide_speculation, served_spec
 
 SPEC: dict[str, Any] = {
@@ -40,9 +40,11 @@ SIZING: dict[str, Any] = {
 }
 CONFIG: dict[str, Any] = {"engineImage": "specdeploy/engine:0.1.0", "batchQueues": ["batch"]}
 
-# Hand-frozen: if this changes, every running SpeculativeDeployment would roll out new pods on
-# an operator upgrade. Change it only together with HASH_SCHEMA.
-EXPECTED_HASH = "04140c8996"
+# Hand-frozen: a revision keeps the hash of the schema it was made with (revision_for derives
+# the older ones), so the hash of a schema never changes: a new pod shape is a new HASH_SCHEMA,
+# with a hash of its own frozen here beside the older ones.
+EXPECTED_HASH = "c0c514a953"
+EXPECTED_HASHES = {2: "04140c8996", 3: EXPECTED_HASH}
 
 
 def _hash(
@@ -70,6 +72,13 @@ def test_hash_is_ten_hex_chars_and_frozen() -> None:
     assert len(value) == 10
     assert int(value, 16) >= 0
     assert value == EXPECTED_HASH
+    parsed = SpeculativeDeploymentSpec.model_validate(SPEC)
+    operator = OperatorConfig.from_mapping(CONFIG)
+    served = served_spec(parsed, decide_speculation(parsed, operator))
+    decision = SizingDecision.model_validate(SIZING)
+    assert {
+        schema: revision_hash(served, decision, operator, schema) for schema in HASH_SCHEMAS
+    } == EXPECTED_HASHES
 
 
 def test_hash_is_stable_across_key_order() -> None:
@@ -192,8 +201,8 @@ def test_the_ephemeral_storage_of_downloaded_weights_is_in_the_hash() -> None:
     # A hub download requests ephemeral storage sized from the weights: other pods.
     assert _hash(SPEC, weighed) != _hash(SPEC)
     # Weights read from a volume are not downloaded: no storage request, only their load time
-    # in the startup probe's budget (600 s + 2 s/GiB); weights that leave it where it was
-    # leave the pods (and the hash) as before.
+    # in the startup probe's budget (600 s + 2 s/GiB) and the memory request (8 GiB steps);
+    # weights that leave both where they were leave the pods (and the hash) as before.
     on_volume = _changed("modelSource", {"pvc": {"claimName": "models"}})
     heavier = copy.deepcopy(weighed)
     heavier["memory"]["targetWeightsGiB"] = 15.5

@@ -212,7 +212,7 @@ def render(
             update={"metadata": sd.metadata.model_copy(update={"uid": _PLACEHOLDER_UID})}
         )
     speculation = decide_speculation(sd.spec, config)
-    served, sized, revision = serve_pair(
+    served, sized, revision, _ = serve_pair(
         sd,
         speculation,
         read_gpu_inventories(nodes, catalog),

@@ -152,6 +152,14 @@ class OperatorConfig(ApiModel):
             "bed's process kubelet runs them."
         ),
     )
+    pod_resource_defaults: bool = Field(
+        default=True,
+        description=(
+            "GPU engine pods ask for CPU and memory sized from the pair where "
+            "spec.engine.resources leaves them unset (plan.children.pod_defaults); false for a "
+            "Kueue ClusterQueue that does not cover cpu and memory."
+        ),
+    )
     batch_queues: list[str] = Field(
         default_factory=list,
         description="Kueue LocalQueues treated as batch: speculation Auto means Off there.",

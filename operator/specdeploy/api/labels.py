@@ -9,6 +9,9 @@ REVISION: Final = "specdeploy.dev/revision"
 PAIR_VERSION: Final = "specdeploy.dev/pair-version"
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE: Final = "specdeploy"
+# On a revision's Deployment or LeaderWorkerSet (and its record): the revision hash schema it was
+# made with (plan.children.revision); a revision without it was made with schema 2.
+HASH_SCHEMA: Final = "specdeploy.dev/hash-schema"
 # Pod template annotation: the test bed's process kubelet runs these pods as local processes.
 LOCAL_PROCESS: Final = "specdeploy.dev/local-process"
 # The worker pods of a replica across nodes carry this in place of NAME: they serve no API, so

@@ -24,7 +24,8 @@ from specdeploy.plan.children.lifecycle import (
     grace_period_seconds,
     startup_failure_threshold,
 )
-from specdeploy.plan.children.revision import engine_image
+from specdeploy.plan.children.pod_defaults import default_resources, shm_size_gib
+from specdeploy.plan.children.revision import HASH_SCHEMA, UNRECORDED_SCHEMA, engine_image
 from specdeploy.plan.children.vllm_args import (
     MODEL_MOUNT_PATH,
     Role,
@@ -158,7 +159,9 @@ def _env(spec: Spec, revision: str, sizing: SizingDecision | None) -> list[dict[
     return env
 
 
-def _resources(spec: Spec, sizing: SizingDecision | None) -> dict[str, Any]:
+def _resources(
+    spec: Spec, sizing: SizingDecision | None, config: OperatorConfig, schema: int
+) -> dict[str, Any]:
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
     wanted = spec.engine.resources
@@ -167,6 +170,12 @@ def _resources(spec: Spec, sizing: SizingDecision | None) -> dict[str, Any]:
             if value is not None:
                 requests[name] = str(value)
                 limits[name] = str(value)
+    if schema >= 3 and config.pod_resource_defaults:
+        # plan.children.pod_defaults: a CPU request (no limit), memory requested and limited.
+        for name, value in default_resources(spec, sizing).items():
+            requests[name] = value
+            if name == "memory":
+                limits[name] = value
     if sizing is not None and sizing.host_memory is not None:
         # CPU serving: the sized host memory, unless engine.resources.memory says otherwise.
         requests.setdefault("memory", sizing.host_memory)
@@ -187,7 +196,7 @@ def _resources(spec: Spec, sizing: SizingDecision | None) -> dict[str, Any]:
     return result
 
 
-def _volumes(spec: Spec, sizing: SizingDecision | None) -> tuple[list[Any], list[Any]]:
+def _volumes(spec: Spec, sizing: SizingDecision | None, schema: int) -> tuple[list[Any], list[Any]]:
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     source = spec.model_source
@@ -218,8 +227,11 @@ def _volumes(spec: Spec, sizing: SizingDecision | None) -> tuple[list[Any], list
     # core and workers) exchange data through shared memory, and a container runtime gives a
     # container 64 MiB of /dev/shm unless a memory-backed volume is mounted there (vLLM 0.32's
     # CPU engine asks for 160 MiB at start with tensor parallel size 1: docs/images.md). Its
-    # pages count against the container's memory limit.
-    volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    # pages count against the container's memory limit; from schema 3 it has a size limit.
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if schema >= 3:
+        shm["sizeLimit"] = f"{shm_size_gib(sizing)}Gi"
+    volumes.append({"name": SHM_VOLUME, "emptyDir": shm})
     mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
     return volumes, mounts
 
@@ -230,8 +242,11 @@ def build_pod_template(
     sizing: SizingDecision | None,
     config: OperatorConfig,
     role: Role = "leader",
+    *,
+    schema: int = HASH_SCHEMA,
 ) -> dict[str, Any]:
-    """The pod template of one revision; sd.spec must be the served spec (served_spec).
+    """The pod template of one revision of hash `schema`; sd.spec must be the served spec
+    (served_spec).
 
     A replica on one node is one pod of this template. A replica across nodes is a group of
     a leader (`role` leader: it serves the API and is scraped, as a single pod is) and workers
@@ -239,7 +254,7 @@ def build_pod_template(
     nor scraped); both are built here, so what shapes an engine pod shapes both."""
     spec = sd.spec
     serves_api = role == "leader"
-    volumes, mounts = _volumes(spec, sizing)
+    volumes, mounts = _volumes(spec, sizing, schema)
     probed = serves_api and probe_of(spec) is not None
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -264,7 +279,7 @@ def build_pod_template(
         # A stopping pod keeps serving while it leaves the Service; then SIGTERM, on which vLLM
         # drains its requests (--shutdown-timeout) within the grace period.
         "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
-        "resources": _resources(spec, sizing),
+        "resources": _resources(spec, sizing, config, schema),
         "terminationMessagePath": "/dev/termination-log",
         "securityContext": json.loads(json.dumps(CONTAINER_SECURITY_CONTEXT)),
     }
@@ -342,10 +357,13 @@ def build_pod_template(
     return {"metadata": metadata, "spec": pod_spec}
 
 
-def revision_metadata(sd: SpeculativeDeployment, revision: str) -> dict[str, Any]:
+def revision_metadata(
+    sd: SpeculativeDeployment, revision: str, schema: int = HASH_SCHEMA
+) -> dict[str, Any]:
     """Metadata of a revision's child (Deployment or LeaderWorkerSet): `<sd>-<revision>`, the
-    SD's and revision's labels, Kueue's labels (read from this object by Kueue), the owner."""
-    return {
+    SD's and revision's labels, Kueue's labels (read from this object by Kueue), the owner, and
+    the hash schema (none for schema 2, as the operators before it wrote)."""
+    metadata: dict[str, Any] = {
         "name": deployment_name(sd.metadata.name, revision),
         "namespace": sd.metadata.namespace,
         "labels": {
@@ -356,6 +374,9 @@ def revision_metadata(sd: SpeculativeDeployment, revision: str) -> dict[str, Any
         },
         "ownerReferences": [owner_reference(sd)],
     }
+    if schema != UNRECORDED_SCHEMA:
+        metadata["annotations"] = {labels.HASH_SCHEMA: str(schema)}
+    return metadata
 
 
 def build_revision_deployment(
@@ -365,21 +386,22 @@ def build_revision_deployment(
     config: OperatorConfig,
     *,
     replicas: int = 0,
+    schema: int = HASH_SCHEMA,
 ) -> dict[str, Any]:
     """The Deployment of one revision with `replicas` pods.
 
     sd.spec must be the served spec (plan.rollout.speculation.served_spec) and `revision` its
-    revision_hash with the same sizing and config. The selector includes the revision label,
-    so this Deployment only ever owns pods of this exact pair.
+    revision_hash with the same sizing, config and `schema`. The selector includes the revision
+    label, so this Deployment only ever owns pods of this exact pair.
     """
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": revision_metadata(sd, revision),
+        "metadata": revision_metadata(sd, revision, schema),
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(sd, revision)},
-            "template": build_pod_template(sd, revision, sizing, config),
+            "template": build_pod_template(sd, revision, sizing, config, schema=schema),
         },
     }
 
@@ -398,6 +420,7 @@ def build_revision_leaderworkerset(
     config: OperatorConfig,
     *,
     replicas: int = 0,
+    schema: int = HASH_SCHEMA,
 ) -> dict[str, Any]:
     """The LeaderWorkerSet of one revision whose replicas span nodes: `replicas` groups of a
     leader and nodes - 1 workers (sizing.nodes_per_replica), built from the same pod template
@@ -406,9 +429,12 @@ def build_revision_leaderworkerset(
     A pod of a group that restarts or goes recreates the whole group (vLLM's ranks cannot
     rejoin a running process group); Kueue admits each group whole."""
     spec = sd.spec
-    metadata = revision_metadata(sd, revision)
+    metadata = revision_metadata(sd, revision, schema)
     if spec.placement.topology_key:
-        metadata["annotations"] = {EXCLUSIVE_TOPOLOGY_ANNOTATION: spec.placement.topology_key}
+        metadata["annotations"] = {
+            **metadata.get("annotations", {}),
+            EXCLUSIVE_TOPOLOGY_ANNOTATION: spec.placement.topology_key,
+        }
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
@@ -419,8 +445,12 @@ def build_revision_leaderworkerset(
             "leaderWorkerTemplate": {
                 "size": nodes_per_replica(sizing),
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": build_pod_template(sd, revision, sizing, config, "leader"),
-                "workerTemplate": build_pod_template(sd, revision, sizing, config, "worker"),
+                "leaderTemplate": build_pod_template(
+                    sd, revision, sizing, config, "leader", schema=schema
+                ),
+                "workerTemplate": build_pod_template(
+                    sd, revision, sizing, config, "worker", schema=schema
+                ),
             },
         },
     }
@@ -433,12 +463,15 @@ def build_revision_child(
     config: OperatorConfig,
     *,
     replicas: int = 0,
+    schema: int = HASH_SCHEMA,
 ) -> dict[str, Any]:
-    """The child of one revision: a Deployment, or a LeaderWorkerSet when a replica spans
-    nodes."""
+    """The child of one revision of hash `schema`: a Deployment, or a LeaderWorkerSet when a
+    replica spans nodes."""
     if sizing is not None and nodes_per_replica(sizing) > 1:
-        return build_revision_leaderworkerset(sd, revision, sizing, config, replicas=replicas)
-    return build_revision_deployment(sd, revision, sizing, config, replicas=replicas)
+        return build_revision_leaderworkerset(
+            sd, revision, sizing, config, replicas=replicas, schema=schema
+        )
+    return build_revision_deployment(sd, revision, sizing, config, replicas=replicas, schema=schema)
 
 
 def sd_wide_metadata(sd: SpeculativeDeployment) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Which children a reconcile writes: the manifest of every child, and only those that differ.
 
 The desired revision's Deployment is built from the served spec and recorded in a
-ControllerRevision (so a later rollback can scale it up unchanged); every other revision the
-rollout plan keeps is rebuilt from its record at its planned size; those that shrink are written
-before those that grow. A child is written only when
+ControllerRevision (so a later rollback can scale it up unchanged); once recorded, its pods are
+the record's (an operator that would build them otherwise restarts none of them: only its
+metadata follows the spec); every other revision the rollout plan keeps is rebuilt from its
+record at its planned size; those that shrink are written before those that grow. A child is
+written only when
 it lacks a field it should hold (plan.children.drift); a change made out of band is reverted
 with an Event saying what was set back.
 """
@@ -26,6 +28,7 @@ from specdeploy.plan.children.manifests import (
     build_service,
     deployment_from_record,
 )
+from specdeploy.plan.children.revision import HASH_SCHEMA
 from specdeploy.plan.rollout.revisions import RevisionDeployment, RolloutEvent, RolloutPlan
 
 
@@ -82,6 +85,15 @@ def _record_for(
     return record, current is not None
 
 
+def _recorded_pods(manifest: dict[str, Any], record: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The desired revision's manifest with the pods its record holds (everything in its spec
+    but replicas), so a revision's pods never change while it exists."""
+    data = (record or {}).get("data") or {}
+    if data.get("kind") != manifest["kind"] or not data.get("spec"):
+        return manifest
+    return {**manifest, "spec": {**data["spec"], "replicas": manifest["spec"]["replicas"]}}
+
+
 def plan_child_writes(
     live: LiveChildren,
     served: SpeculativeDeployment,
@@ -91,8 +103,10 @@ def plan_child_writes(
     plan: RolloutPlan,
     config: OperatorConfig,
     revisions: Sequence[RevisionDeployment],
+    schema: int = HASH_SCHEMA,
 ) -> ChildWrites:
-    """The manifest of every child, and which of them need a write (see plan.children.drift)."""
+    """The manifest of every child, and which of them need a write (see plan.children.drift).
+    `schema` is the hash schema of the desired revision (ServedPair.schema)."""
     records = {r: rec for rec in live.records if (r := _owned_revision(rec)) is not None}
     current: dict[tuple[str, str], Mapping[str, Any] | None] = {
         ("Deployment", d["metadata"]["name"]): d for d in live.deployments
@@ -103,8 +117,14 @@ def plan_child_writes(
     create: list[dict[str, Any]] = []
     if desired_revision is not None and sizing is not None:
         manifest = build_revision_child(
-            served, desired_revision, sizing, config, replicas=plan.replicas[desired_revision]
+            served,
+            desired_revision,
+            sizing,
+            config,
+            replicas=plan.replicas[desired_revision],
+            schema=schema,
         )
+        manifest = _recorded_pods(manifest, records.get(desired_revision))
         record, stale = _record_for(manifest, records)
         if record is not None:
             create.append(record)

@@ -11,11 +11,12 @@ No stage patches another's result: each one's output is an input of the next.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from specdeploy.api import labels
 from specdeploy.api.conditions import Reason
 from specdeploy.api.config import AnalysisSettings, OperatorConfig
 from specdeploy.api.models import (
@@ -27,7 +28,7 @@ from specdeploy.api.models import (
 )
 from specdeploy.api.times import RFC3339
 from specdeploy.plan.children.manifests import pod_selector
-from specdeploy.plan.children.revision import revision_hash
+from specdeploy.plan.children.revision import HASH_SCHEMA, revision_for, schema_of
 from specdeploy.plan.children.writes import ChildWrites, LiveChildren, plan_child_writes
 from specdeploy.plan.decide.snapshot import Snapshot
 from specdeploy.plan.placement.admission import describe_group, judge_admission
@@ -110,6 +111,8 @@ class ServedPair(NamedTuple):
     sized: SizingDecision | ShapeUnknown | Unschedulable
     #: The revision hash; None when the pair could not be sized.
     revision: str | None
+    #: The hash schema the revision was (or is to be) made with (plan.children.revision).
+    schema: int = HASH_SCHEMA
 
 
 def serve_pair(
@@ -121,7 +124,7 @@ def serve_pair(
     catalog: Sequence[GpuProduct],
     fetched_shapes: Mapping[str, ModelShape],
     known_devices: Sequence[GpuNodeInventory] = (),
-    existing: Collection[str] = (),
+    existing: Mapping[str, int] | None = None,
     tokens: int | None = None,
     schedule: Sequence[ScheduleStep] | None = None,
     lws_served: bool = True,
@@ -129,10 +132,13 @@ def serve_pair(
     """The served spec, what one replica of it runs on, and the revision those pods make.
 
     `known_devices` (every node, cordoned ones too) and `existing` (the revisions that have
-    Deployments) keep a serving revision's device: a node cordoned, drained or added changes the
-    inventory, not the pair, so a revision that exists keeps its device while some known node
-    still gives it. `tokens` is the autotuned speculation length (None: the spec's own).
+    Deployments, each with the hash schema it was made with) keep a serving revision's device: a
+    node cordoned, drained or added changes the inventory, not the pair, so a revision that
+    exists keeps its device while some known node still gives it. A revision an older operator
+    made keeps its name (revision_for). `tokens` is the autotuned speculation length (None: the
+    spec's own).
     """
+    existing = existing or {}
     served = sd.model_copy(
         update={"spec": served_spec(tuned_spec(sd.spec, tokens, schedule), speculation)}
     )
@@ -147,7 +153,7 @@ def serve_pair(
             catalog=catalog,
             fetched_shapes=fetched_shapes,
         )
-        if kept is not None and revision_hash(served.spec, kept, config) in existing:
+        if kept is not None and revision_for(served.spec, kept, config, existing)[0] in existing:
             sized = kept
     if isinstance(sized, SizingDecision) and (sized.nodes_per_replica or 1) > 1 and not lws_served:
         sized = Unschedulable(
@@ -159,10 +165,10 @@ def serve_pair(
                 "admits its groups)"
             ),
         )
-    revision = (
-        revision_hash(served.spec, sized, config) if isinstance(sized, SizingDecision) else None
-    )
-    return ServedPair(served, sized, revision)
+    if not isinstance(sized, SizingDecision):
+        return ServedPair(served, sized, None)
+    revision, schema = revision_for(served.spec, sized, config, existing)
+    return ServedPair(served, sized, revision, schema)
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,15 @@ class Serving:
         return sized if isinstance(sized, SizingDecision) else None
 
 
+def live_schemas(snapshot: Snapshot) -> dict[str, int]:
+    """Each revision that has a Deployment or LeaderWorkerSet, with its hash schema."""
+    return {
+        str(revision): schema_of(child)
+        for child in (*snapshot.deployments, *snapshot.leader_worker_sets)
+        if (revision := ((child.get("metadata") or {}).get("labels") or {}).get(labels.REVISION))
+    }
+
+
 def choose_served_pair(
     world: World,
     snapshot: Snapshot,
@@ -199,7 +214,7 @@ def choose_served_pair(
     """The pair the spec names, tuned by the autotuner, with speculation turned off when the
     queue or the collapse guard says so."""
     sd, status = world.sd, world.sd.status
-    existing = {r.revision for r in world.revisions}
+    existing = live_schemas(snapshot)
 
     def serve(
         speculation: SpeculationStatus,
@@ -343,6 +358,7 @@ def choose_child_writes(
         plan=plan,
         config=config,
         revisions=world.revisions,
+        schema=serving.pair.schema,
     )
     blocked = blocked_keys(snapshot.refused_writes)
     if not blocked:
