@@ -345,7 +345,11 @@ def test_operator_under_the_charts_service_account_reconciles_with_exactly_its_r
         for group, resource, verb in audited.used
         if verb == "watch" and (group, resource, "list") in audited.used
     }
-    unused = granted - audited.used - fallback
+    # No request names it: the API server's OwnerReferencesPermissionEnforcement asks for it of
+    # every child write (their owner references block the SD's deletion), and refuses the write
+    # (403) without it.
+    admission = {("specdeploy.dev", "speculativedeployments/finalizers", "update")}
+    unused = granted - audited.used - fallback - admission
     assert not missing, "the operator called, the chart does not grant:\n" + format_access(missing)
     assert not unused, "the chart grants, the operator never called:\n" + format_access(unused)
     if scenario_failure is not None:
@@ -478,6 +482,8 @@ CAN_I_MATRIX: tuple[tuple[str, str, str, bool], ...] = (
     # What the operator needs, in the SDs' namespace.
     ("get", "speculativedeployments.specdeploy.dev", "watched", True),
     ("patch", "speculativedeployments.specdeploy.dev/status", "watched", True),
+    # OwnerReferencesPermissionEnforcement: children that block their SD's deletion.
+    ("update", "speculativedeployments.specdeploy.dev/finalizers", "watched", True),
     ("patch", "deployments.apps", "watched", True),
     ("patch", "deployments.apps/scale", "watched", True),
     ("create", "controllerrevisions.apps", "watched", True),

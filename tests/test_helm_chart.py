@@ -248,6 +248,8 @@ def test_rbac_for_all_namespaces_is_cluster_wide_without_namespace_access(helm: 
     granted = granted_access(objects)
     assert ("", "namespaces", "list") not in granted
     assert ("specdeploy.dev", "speculativedeployments/status", "patch") in granted
+    # OwnerReferencesPermissionEnforcement: children whose owner reference blocks deletion.
+    assert ("specdeploy.dev", "speculativedeployments/finalizers", "update") in granted
     for binding in _by_kind(objects, "ClusterRoleBinding"):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "specdeploy", "namespace": "ops"}

@@ -363,6 +363,9 @@ class Cluster:
             "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             "--authorization-mode=Node,RBAC",
+            # As OpenShift does: an owner reference that blocks its owner's deletion needs
+            # update on the owner's finalizers (the chart grants it on SDs).
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             "--endpoint-reconciler-type=none",
             "--service-cluster-ip-range=10.96.0.0/16",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",

@@ -11,6 +11,12 @@ Roles instead). */}}
 - apiGroups: [specdeploy.dev]
   resources: [speculativedeployments/status]
   verbs: [patch]
+# Every child's owner reference blocks its SD's deletion until the child is gone
+# (blockOwnerDeletion); with the OwnerReferencesPermissionEnforcement admission plugin (on in
+# OpenShift) setting one needs update on the owner's finalizers.
+- apiGroups: [specdeploy.dev]
+  resources: [speculativedeployments/finalizers]
+  verbs: [update]
 # Revision Deployments: listed, watched (kopf), read by name before a new one is applied (is
 # the name another's?), server-side applied (a patch, which needs create too when it makes
 # the object), deleted when pruned.
