@@ -101,6 +101,10 @@ class Recorder:
         self.writes.append(("patch-status", "SpeculativeDeployment", name))
         self.inner.patch_status(namespace, name, patch)
 
+    def remove_annotation(self, namespace: str, name: str, key: str, value: str) -> bool:
+        self.writes.append(("remove-annotation", "SpeculativeDeployment", name))
+        return bool(self.inner.remove_annotation(namespace, name, key, value))
+
 
 @dataclass
 class Run:

@@ -359,6 +359,16 @@ class FakeKube:
         sd["status"] = merge_patch(sd.get("status") or {}, dict(patch))
         sd["metadata"]["resourceVersion"] = str(next(self._versions))
 
+    def remove_annotation(self, namespace: str, name: str, key: str, value: str) -> bool:
+        self.write_requests += 1
+        sd = self.objects.get(("SpeculativeDeployment", namespace, name))
+        annotations = (sd or {}).get("metadata", {}).get("annotations") or {}
+        if sd is None or annotations.get(key) != value:
+            return False  # the API server answers 422: the test op failed
+        del annotations[key]
+        sd["metadata"]["resourceVersion"] = str(next(self._versions))
+        return True
+
     # --- everyone else --------------------------------------------------------------------------
 
     def edit(

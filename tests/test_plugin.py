@@ -99,6 +99,47 @@ def test_promote_now_and_pause_then_resume() -> None:
     assert record["verdicts"][-1]["source"] == "Person"
 
 
+@pytest.mark.parametrize("verb", ["promote", "abort", "pause"])
+def test_a_request_never_outlives_its_canary(verb: str) -> None:
+    # Revision hashes are deterministic: the spec that comes back is the same revision. A
+    # request made for its earlier turn is removed once that turn's analysis ended, so the
+    # revision is judged afresh, not promoted, rolled back or held by it.
+    world = started()
+    stable, canary = world.new_draft("r2")
+    world.measured = {stable: GOOD, canary: GOOD}
+    request = getattr(verbs, verb)(sd(world))
+    ask(world, request)
+    world.step(10)
+    if verb == "pause":
+        assert world.status["analysis"]["paused"] is True
+        assert sd(world).metadata.annotations[labels.PAUSE] == canary, "in force while it holds"
+        ask(world, verbs.promote(sd(world)))
+    world.step()
+    world.step()
+    assert world.status["analysis"]["outcome"] in ("Promote", "Rollback")
+    spent = {labels.PROMOTE, labels.ABORT, labels.PAUSE} & set(sd(world).metadata.annotations)
+    assert not spent, "the operator removed the requests of the ended analysis"
+    if verb == "abort":
+        return  # a rolled-back revision that comes back stays so until `retry`
+    # Away (the judge promotes r3 on its own: no request of a person) and back: the same
+    # revision is a canary again, and its analysis runs.
+    _, away = world.new_draft("r3")
+    world.measured = {**world.measured, away: GOOD}
+    for _ in range(30):
+        world.step(10)
+        if world.status["stableRevision"] == away:
+            break
+    back = world.status["stableRevision"]
+    assert back == away
+    _, again = world.new_draft("r2")
+    assert again == canary
+    world.step(10)
+    analysis = world.status["analysis"]
+    assert (analysis["revision"], analysis["outcome"]) == (canary, "Continue")
+    assert analysis.get("paused") is not True
+    assert world.status["stableRevision"] == back
+
+
 def test_undo_serves_an_earlier_revision_until_the_spec_changes() -> None:
     world = started()
     first, second = world.new_draft("r2")
@@ -137,15 +178,11 @@ def test_retry_starts_an_aborted_canary_afresh_once_per_value() -> None:
     ask(world, verbs.abort(sd(world)))
     world.step()
     assert world.replicas() == {stable: 2, canary: 0}
+    # The abort was honoured: the operator removed it (a spent request).
+    assert labels.ABORT not in sd(world).metadata.annotations
     request = verbs.retry(sd(world))
-    assert (request.annotation, request.value, request.removes) == (
-        labels.RETRY,
-        canary,
-        (labels.ABORT,),
-    )
-    assert verbs.annotation_patch(request) == {
-        "metadata": {"annotations": {labels.ABORT: None, labels.RETRY: canary}}
-    }
+    assert (request.annotation, request.value, request.removes) == (labels.RETRY, canary, ())
+    assert verbs.annotation_patch(request) == {"metadata": {"annotations": {labels.RETRY: canary}}}
     ask(world, request)
     world.step()
     # A new canary: its pod back, its analysis from the start, its earlier verdicts kept.

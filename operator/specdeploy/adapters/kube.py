@@ -50,6 +50,9 @@ REFUSED_FOR_GOOD = frozenset({400, 422})
 
 log = logging.getLogger("specdeploy.kube")
 
+#: RFC 6902: a list of operations, a `test` among them.
+JSON_PATCH = "application/json-patch+json"
+
 
 class WriteRefusedError(Exception):
     """The API server refused a child write for good (400 or 422): retrying cannot help."""
@@ -552,6 +555,23 @@ class KubeAdapter:
         if self.cache is not None and isinstance(patched, dict):
             # Only an SD the store still holds: a deletion seen meanwhile stays seen.
             self.cache.store(wc.SD).write_through(patched, only_known=True)
+
+    def remove_annotation(self, namespace: str, name: str, key: str, value: str) -> bool:
+        """Removes the SpeculativeDeployment's annotation `key` if it still holds `value` (a
+        JSON patch whose test fails, 422, changes nothing); whether it was removed."""
+        path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        patch = [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]
+        try:
+            patched = client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, patch, _content_type=JSON_PATCH
+            )
+        except ApiException as error:
+            if error.status in (404, 422):
+                return False
+            raise
+        if self.cache is not None and isinstance(patched, dict):
+            self.cache.store(wc.SD).write_through(patched, only_known=True)
+        return True
 
 
 # Kinds `get` and `list_objects` serve from the watch-fed stores (the SD's own children).

@@ -493,6 +493,12 @@ class Reconciler:
         namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
         if decision.status_patch:
             self.kube.patch_status(namespace, name, decision.status_patch)
+        for key, value in decision.spent_requests:
+            # Only while it holds that value: a person's newer request stays.
+            if self.kube.remove_annotation(namespace, name, key, value):
+                log.info(
+                    "%s/%s: removed %s=%s, its canary's analysis ended", namespace, name, key, value
+                )
         for event in decision.events:
             self.post_event(
                 body, "Warning" if event.warning else "Normal", event.reason, event.message

@@ -24,6 +24,7 @@ from specdeploy.plan.decide.stages import (
 )
 from specdeploy.plan.placement.gpu_catalog import GpuProduct
 from specdeploy.plan.placement.sizing import ShapeUnknown
+from specdeploy.plan.rollout.lifecycle import spent_requests
 from specdeploy.plan.status.first_status import first_status_due
 from specdeploy.plan.status.report import status_patch
 
@@ -106,4 +107,7 @@ def decide(
         status_due=due,
         open_gates=canary.gates_to_open,
         held_revision=held,
+        spent_requests=spent_requests(
+            world.sd.metadata.annotations, world.sd.status.analysis if world.sd.status else None
+        ),
     )

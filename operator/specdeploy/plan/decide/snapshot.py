@@ -93,6 +93,9 @@ class Decision:
     #: The desired revision when its Deployment or LeaderWorkerSet is not written
     #: (Snapshot.refused_writes): no Event says it was created.
     held_revision: str | None = None
+    #: (annotation, value) of `kubectl specdeploy` requests whose canary's analysis has ended
+    #: (plan.rollout.lifecycle.spent_requests): removed from the SD after its status is written.
+    spent_requests: tuple[tuple[str, str], ...] = ()
 
     @property
     def writes_children(self) -> bool:

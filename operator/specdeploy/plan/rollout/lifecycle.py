@@ -83,6 +83,24 @@ class PersonRequests:
         )
 
 
+def spent_requests(
+    annotations: Mapping[str, str], analysis: AnalysisStatus | None
+) -> tuple[tuple[str, str], ...]:
+    """The person's requests (promote, abort, pause) made for a canary whose analysis has
+    ended (`analysis`: status.analysis as recorded), as (annotation, value). The reconcile
+    removes each while it still holds that value, so no request outlives its canary: revision
+    hashes are deterministic, and a revision that comes back later is judged afresh, not
+    promoted, aborted or held by a request made for an earlier turn of it."""
+    if analysis is None or analysis.outcome not in (Outcome.PROMOTE, Outcome.ROLLBACK):
+        return ()
+    spent = []
+    for key in (labels.PROMOTE, labels.ABORT, labels.PAUSE):
+        value = annotations.get(key)
+        if value is not None and value.partition("/")[0] == analysis.revision:
+            spent.append((key, value))
+    return tuple(spent)
+
+
 @dataclass(frozen=True)
 class CanaryView:
     """What the reconcile saw of the canary revision."""
