@@ -52,6 +52,32 @@ log = logging.getLogger("specdeploy.kube")
 
 #: RFC 6902: a list of operations, a `test` among them.
 JSON_PATCH = "application/json-patch+json"
+#: (connect, read) seconds after which a request the operator sends gives up: a call that hangs
+#: (an API server gone quiet, a partition) fails rather than holding a worker, or the Lease's
+#: renewal, for ever.
+REQUEST_TIMEOUT = (5.0, 30.0)
+
+
+class NotLeadingError(Exception):
+    """A write not sent: this process no longer holds its Lease (KubeAdapter.fence)."""
+
+
+def with_timeout(
+    api_client: client.ApiClient, timeout: float | tuple[float, float] = REQUEST_TIMEOUT
+) -> client.ApiClient:
+    """`api_client`, every request of which gives up after `timeout` unless the call names its
+    own (`_request_timeout`). The client has no default of its own: without one a request waits
+    as long as the connection stays open."""
+    rest = api_client.rest_client
+    send = rest.request
+
+    def bounded(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = timeout
+        return send(method, url, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    rest.request = bounded  # type: ignore[method-assign]
+    return api_client
 
 
 class WriteRefusedError(Exception):
@@ -100,10 +126,15 @@ class KubeAdapter:
         api_client: client.ApiClient,
         on_write: Callable[[], None] | None = None,
         cache: wc.WatchCache | None = None,
+        fence: Callable[[], bool] | None = None,
     ) -> None:
-        self.api_client = api_client
+        self.api_client = with_timeout(api_client)
         self.write_requests = 0
         self.on_write = on_write
+        # Whether this process may write (it holds its Lease: LeaseElector.leads); checked
+        # before every write, so a reconcile running when the Lease is lost stops at its next
+        # write. None: always (no leader election).
+        self.fence = fence
         # Watch-fed copies the reads come from once synced (adapters.watch_cache); None reads
         # the API server every time.
         self.cache = cache
@@ -133,10 +164,13 @@ class KubeAdapter:
 
         def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
             if method.upper() not in READ_METHODS:
+                path = url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
+                if self.fence is not None and not self.fence():
+                    log.warning("api write not sent: %s /%s: not leading", method.upper(), path)
+                    raise NotLeadingError(f"{method.upper()} /{path}: this process is not leading")
                 with self._lock:
                     self.write_requests += 1
                     total = self.write_requests
-                path = url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
                 log.info("api write: %s /%s (total %d)", method.upper(), path, total)
                 if self.on_write is not None:
                     self.on_write()

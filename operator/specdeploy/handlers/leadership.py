@@ -8,6 +8,12 @@ changed for `leaseDurationSeconds`: timed on its own clock from when it saw the 
 never by comparing its clock with the holder's time stamps. The deadline is shorter than the
 duration, so an old holder has stopped before anyone else may start.
 
+Fencing: the holder may write only while its last renewal is younger than the renew deadline
+(`leads`, which the reconcile's API client checks before every write: adapters.kube), whatever
+its renewal loop is doing; every Lease request gives up after half the renew deadline, and the
+loop declares the Lease lost at the deadline even while a try still hangs. So a holder cut off
+from the API server stops writing before a standby may take the Lease.
+
 The Lease's own requests go through their own API client: they are not reconcile writes and
 are not counted as such (`specdeploy_api_writes_total`, the `api write:` log lines).
 """
@@ -132,7 +138,19 @@ class LeaseElector:
         self.monotonic = monotonic
         self.now = now
         self.held = False
+        #: When the Lease was last taken or renewed (monotonic), while held.
+        self.renewed_at = 0.0
         self._observed = _Observed()
+        # Each request of the Lease's own gives up well within the renew deadline.
+        self._timeout = max(0.1, settings.renew_deadline_seconds / 2)
+
+    def leads(self) -> bool:
+        """Whether this process may write now: it holds the Lease, renewed less than the renew
+        deadline ago (by then a standby may not yet take it: the deadline ends before the
+        Lease's duration does)."""
+        return (
+            self.held and self.monotonic() - self.renewed_at < self.settings.renew_deadline_seconds
+        )
 
     @property
     def where(self) -> str:
@@ -143,7 +161,7 @@ class LeaseElector:
         namespace, name = self.settings.namespace, self.settings.lease_name
         duration = self.settings.lease_duration_seconds
         try:
-            lease = self.api.read_namespaced_lease(name, namespace)
+            lease = self.api.read_namespaced_lease(name, namespace, _request_timeout=self._timeout)
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -152,7 +170,7 @@ class LeaseElector:
                 spec=claimed_spec({}, self.identity, duration, self.now()),
             )
             try:
-                self.api.create_namespaced_lease(namespace, body)
+                self.api.create_namespaced_lease(namespace, body, _request_timeout=self._timeout)
             except ApiException as conflict:
                 if conflict.status == 409:  # another process created it first
                     return False
@@ -167,7 +185,9 @@ class LeaseElector:
         try:
             # The read's resourceVersion makes this a compare-and-swap: two standbys racing
             # for an expired Lease cannot both win.
-            self.api.replace_namespaced_lease(name, namespace, self._body(lease, claimed))
+            self.api.replace_namespaced_lease(
+                name, namespace, self._body(lease, claimed), _request_timeout=self._timeout
+            )
         except ApiException as error:
             if error.status == 409:
                 return False
@@ -207,19 +227,33 @@ class LeaseElector:
                 waiting_logged = True
             await asyncio.sleep(self.settings.retry_period_seconds)
         self.held = True
+        self.renewed_at = self.monotonic()
         log.info("leading: %s is held by %s", self.where, self.identity)
 
     async def keep(self, lost: asyncio.Event) -> None:
         """Renews the Lease every retry period; sets `lost` and returns when renewing failed
         for the renew deadline (another process may then take the Lease)."""
-        renewed = self.monotonic()
+        deadline = self.settings.renew_deadline_seconds
         while True:
             await asyncio.sleep(self.settings.retry_period_seconds)
-            if await asyncio.to_thread(self._try):
-                renewed = self.monotonic()
-            elif self.monotonic() - renewed >= self.settings.renew_deadline_seconds:
+            left = deadline - (self.monotonic() - self.renewed_at)
+            try:
+                # A try that hangs past the deadline counts as failed (its thread ends with
+                # its request's timeout).
+                renewed = await asyncio.wait_for(
+                    asyncio.to_thread(self._try), timeout=max(left, 0.01)
+                )
+            except TimeoutError:
+                renewed = False
+            if renewed:
+                self.renewed_at = self.monotonic()
+            elif self.monotonic() - self.renewed_at >= deadline:
                 self.held = False
-                log.error("lost %s: not renewed for %.0fs", self.where, self.monotonic() - renewed)
+                log.error(
+                    "lost %s: not renewed for %.0fs",
+                    self.where,
+                    self.monotonic() - self.renewed_at,
+                )
                 lost.set()
                 return
 
@@ -230,12 +264,14 @@ class LeaseElector:
         self.held = False
         namespace, name = self.settings.namespace, self.settings.lease_name
         try:
-            lease = self.api.read_namespaced_lease(name, namespace)
+            lease = self.api.read_namespaced_lease(name, namespace, _request_timeout=self._timeout)
             spec = self.api.api_client.sanitize_for_serialization(lease.spec) or {}
             if spec.get("holderIdentity") != self.identity:
                 return
             released = released_spec(spec, self.now())
-            self.api.replace_namespaced_lease(name, namespace, self._body(lease, released))
+            self.api.replace_namespaced_lease(
+                name, namespace, self._body(lease, released), _request_timeout=self._timeout
+            )
             log.info("released %s", self.where)
         except (ApiException, OSError) as error:
             log.warning("could not release %s: %s", self.where, error)

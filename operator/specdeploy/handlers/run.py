@@ -43,7 +43,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from specdeploy.adapters import watch_cache
-from specdeploy.adapters.kube import LIST_PAGE, KubeAdapter
+from specdeploy.adapters.kube import LIST_PAGE, REQUEST_TIMEOUT, KubeAdapter, with_timeout
 from specdeploy.adapters.metrics import OperatorMetrics
 from specdeploy.api import labels
 from specdeploy.api.config import OperatorConfig
@@ -239,6 +239,11 @@ def build_registry(cache: watch_cache.WatchCache, queues: Queues) -> kopf.Operat
         # kopf lists each kind page by page, and an object's worker task ends soon after its
         # last event: at a start with thousands of objects, neither is held all at once.
         settings.watching.chunk_size = LIST_PAGE
+        # kopf's own requests give up too: a connection that cannot be made in 5 s, a request
+        # (its finalizer patch, a list page) unanswered in 30 s.
+        settings.networking.connect_timeout = REQUEST_TIMEOUT[0]
+        settings.networking.request_timeout = REQUEST_TIMEOUT[1]
+        settings.watching.connect_timeout = REQUEST_TIMEOUT[0]
         settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
         for kind in watch_cache.KINDS:
             if kind.labelled:
@@ -524,7 +529,9 @@ def main(args: argparse.Namespace) -> int:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     identity = default_identity()
     post_event = EventPoster(
-        event_creator(client.ApiClient()), identity, on_drop=metrics.events_dropped.inc
+        event_creator(with_timeout(client.ApiClient())),
+        identity,
+        on_drop=metrics.events_dropped.inc,
     )
     reconciler = Reconciler(kube, config, post_event, metrics=metrics)
     queues = Queues()
@@ -537,6 +544,8 @@ def main(args: argparse.Namespace) -> int:
             config.leader_election,
             identity,
         )
+        # A write of a reconcile still running once the Lease is lost is not sent.
+        kube.fence = elector.leads
     if config.metrics_endpoint:
         host, port = metrics.serve(config.metrics_endpoint)
         log.info("metrics on http://%s:%d/metrics", host, port)

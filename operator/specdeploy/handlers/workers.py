@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from specdeploy.adapters import watch_cache
+from specdeploy.adapters.kube import NotLeadingError
 from specdeploy.handlers.work_queue import QueueShutDownError, WorkQueue
 
 log = logging.getLogger("specdeploy.operator")
@@ -54,8 +55,9 @@ async def reconcile_from(
         namespace, name = key
         try:
             wake_at = await loop.run_in_executor(executor, reconcile, namespace, name)
-        except (ApiException, OSError) as error:
-            # Conflicts and API hiccups: the next attempt reads the world afresh.
+        except (ApiException, OSError, NotLeadingError) as error:
+            # Conflicts and API hiccups: the next attempt reads the world afresh. Not leading:
+            # the process stops (handlers.run) before that attempt matters.
             delay = queue.add_rate_limited(key)
             log.warning(
                 "reconcile of %s/%s failed (again in %.1fs): %s", namespace, name, delay, error
