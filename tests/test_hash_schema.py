@@ -62,22 +62,37 @@ def engine(kube: Any, name: str) -> dict[str, Any]:
     return container
 
 
+def defaults(spec: SpeculativeDeploymentSpec, sizing: SizingDecision) -> dict[str, str]:
+    return pod_defaults.default_resources(spec, sizing, OperatorConfig())
+
+
 def test_gpu_pods_ask_for_cpu_and_memory_sized_from_the_pair() -> None:
     # One H100, an 8B target and its head: 2 + 1 cores; 8 + 4 + 15.7 GiB of weights + 2 GiB of
     # /dev/shm = 29.7, rounded up to 32 GiB.
-    assert pod_defaults.default_resources(spec(), sizing()) == {"cpu": "3", "memory": "32Gi"}
+    assert defaults(spec(), sizing()) == {
+        "cpu": "3",
+        "memory": "32Gi",
+    }
     # Tensor parallel 4 of a 70B: 2 + 4 cores; 8 + 16 + 131 + 8 = 163, so 168 GiB.
     tp4 = sizing(4, targetWeightsGiB=131.0, draftWeightsGiB=2.0)
-    assert pod_defaults.default_resources(spec(), tp4) == {"cpu": "6", "memory": "168Gi"}
+    assert defaults(spec(), tp4) == {
+        "cpu": "6",
+        "memory": "168Gi",
+    }
     assert pod_defaults.shm_size_gib(tp4) == 8
     # Across two nodes each pod holds half the target's stages and the draft.
     across = tp4.model_copy(update={"nodes_per_replica": 2})
-    assert pod_defaults.default_resources(spec(), across)["memory"] == "104Gi"
+    assert defaults(spec(), across)["memory"] == "104Gi"
     # What the spec sets is the spec's; CPU serving keeps its sized host memory.
-    assert pod_defaults.default_resources(spec({"cpu": "16"}), sizing()) == {"memory": "32Gi"}
-    assert pod_defaults.default_resources(spec({"cpu": "16", "memory": "1Ti"}), sizing()) == {}
+    assert defaults(spec({"cpu": "16"}), sizing()) == {"memory": "32Gi"}
+    assert (
+        pod_defaults.default_resources(
+            spec({"cpu": "16", "memory": "1Ti"}), sizing(), OperatorConfig()
+        )
+        == {}
+    )
     cpu = sizing().model_copy(update={"host_memory": "12Gi", "resource_name": "memory"})
-    assert pod_defaults.default_resources(spec(), cpu) == {}
+    assert defaults(spec(), cpu) == {}
 
 
 def test_the_pod_gets_a_cpu_request_and_a_memory_ceiling_unless_the_config_says_no() -> None:

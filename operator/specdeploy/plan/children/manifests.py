@@ -170,9 +170,9 @@ def _resources(
             if value is not None:
                 requests[name] = str(value)
                 limits[name] = str(value)
-    if schema >= 3 and config.pod_resource_defaults:
+    if schema >= 3:
         # plan.children.pod_defaults: a CPU request (no limit), memory requested and limited.
-        for name, value in default_resources(spec, sizing).items():
+        for name, value in default_resources(spec, sizing, config).items():
             requests[name] = value
             if name == "memory":
                 limits[name] = value

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+from specdeploy.api.config import OperatorConfig
 from specdeploy.api.models import SizingDecision
 from specdeploy.api.models import SpeculativeDeploymentSpec as Spec
 
@@ -59,10 +60,13 @@ def weights_per_pod_gib(sizing: SizingDecision) -> float:
     return sizing.memory.target_weights_gib / nodes + sizing.memory.draft_weights_gib
 
 
-def default_resources(spec: Spec, sizing: SizingDecision | None) -> dict[str, str]:
+def default_resources(
+    spec: Spec, sizing: SizingDecision | None, config: OperatorConfig
+) -> dict[str, str]:
     """The CPU request and memory request (and limit) a GPU engine pod gets where
-    spec.engine.resources leaves them unset; empty for CPU serving and unsized pods."""
-    if sizing is None or sizing.host_memory is not None:
+    spec.engine.resources leaves them unset; empty for CPU serving, unsized pods, and with
+    config.pod_resource_defaults off."""
+    if not config.pod_resource_defaults or sizing is None or sizing.host_memory is not None:
         return {}
     wanted = spec.engine.resources
     result: dict[str, str] = {}

@@ -117,7 +117,7 @@ def revision_inputs(
         later["cpuKvSpaceGiB"] = cpu_kv_space_gib(sizing)
     if schema >= 3:
         later["podDefaults"] = {
-            "resources": default_resources(spec, sizing) if config.pod_resource_defaults else {},
+            "resources": default_resources(spec, sizing, config),
             "shmGiB": shm_size_gib(sizing),
         }
     return {

@@ -61,7 +61,8 @@ class ChildWrites:
     events: tuple[RolloutEvent, ...]
 
 
-def _owned_revision(obj: Mapping[str, Any]) -> str | None:
+def revision_label(obj: Mapping[str, Any]) -> str | None:
+    """The revision label of a revision's child or record, if it has one."""
     return ((obj.get("metadata") or {}).get("labels") or {}).get(labels.REVISION)
 
 
@@ -107,7 +108,7 @@ def plan_child_writes(
 ) -> ChildWrites:
     """The manifest of every child, and which of them need a write (see plan.children.drift).
     `schema` is the hash schema of the desired revision (ServedPair.schema)."""
-    records = {r: rec for rec in live.records if (r := _owned_revision(rec)) is not None}
+    records = {r: rec for rec in live.records if (r := revision_label(rec)) is not None}
     current: dict[tuple[str, str], Mapping[str, Any] | None] = {
         ("Deployment", d["metadata"]["name"]): d for d in live.deployments
     }

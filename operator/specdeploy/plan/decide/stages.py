@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from specdeploy.api import labels
 from specdeploy.api.conditions import Reason
 from specdeploy.api.config import AnalysisSettings, OperatorConfig
 from specdeploy.api.models import (
@@ -29,7 +28,12 @@ from specdeploy.api.models import (
 from specdeploy.api.times import RFC3339
 from specdeploy.plan.children.manifests import pod_selector
 from specdeploy.plan.children.revision import HASH_SCHEMA, revision_for, schema_of
-from specdeploy.plan.children.writes import ChildWrites, LiveChildren, plan_child_writes
+from specdeploy.plan.children.writes import (
+    ChildWrites,
+    LiveChildren,
+    plan_child_writes,
+    revision_label,
+)
 from specdeploy.plan.decide.snapshot import Snapshot
 from specdeploy.plan.placement.admission import describe_group, judge_admission
 from specdeploy.plan.placement.gpu_catalog import (
@@ -198,9 +202,9 @@ class Serving:
 def live_schemas(snapshot: Snapshot) -> dict[str, int]:
     """Each revision that has a Deployment or LeaderWorkerSet, with its hash schema."""
     return {
-        str(revision): schema_of(child)
+        revision: schema_of(child)
         for child in (*snapshot.deployments, *snapshot.leader_worker_sets)
-        if (revision := ((child.get("metadata") or {}).get("labels") or {}).get(labels.REVISION))
+        if (revision := revision_label(child))
     }
 
 
